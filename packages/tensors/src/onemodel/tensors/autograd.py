@@ -1,0 +1,201 @@
+"""Reverse-mode autograd: the tape node each differentiable op leaves, grad mode and backward.
+
+Gradient rules live next to their ops (``ops/*.py``) and are written with other ops, so they run
+through the same dispatch (and can themselves be differentiated with ``create_graph=True``).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import AutogradError
+
+if TYPE_CHECKING:
+    from .ops.base import OpDef
+    from .tensor import Tensor
+
+
+class _GradMode(threading.local):
+    enabled = True
+
+
+grad_mode = _GradMode()
+
+
+def is_grad_enabled() -> bool:
+    return grad_mode.enabled
+
+
+class _SetGrad:
+    """Context manager and decorator that sets grad mode and restores it afterwards."""
+
+    def __init__(self, enabled: bool):
+        self._enabled = enabled
+        self._prev: list[bool] = []
+
+    def __enter__(self):
+        self._prev.append(grad_mode.enabled)
+        grad_mode.enabled = self._enabled
+        _on_enter(self._enabled)
+        return self
+
+    def __exit__(self, *exc):
+        grad_mode.enabled = self._prev.pop()
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with type(self)():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+class no_grad(_SetGrad):  # noqa: N801 - named as PyTorch users expect
+    """``with no_grad():`` ops record no gradient tape inside the block."""
+
+    def __init__(self):
+        super().__init__(False)
+
+
+class enable_grad(_SetGrad):  # noqa: N801
+    """``with enable_grad():`` turn recording back on inside a ``no_grad`` block."""
+
+    def __init__(self):
+        super().__init__(True)
+
+
+# Tracing refuses no_grad; it registers here instead of this module importing tracing.
+_enter_hooks: list = []
+
+
+def _on_enter(enabled: bool) -> None:
+    for hook in _enter_hooks:
+        hook(enabled)
+
+
+class Node:
+    """One recorded op application: what its gradient rule needs.
+
+    ``inputs`` are the input Tensors, ``outputs`` detached Tensors sharing the outputs' data (so
+    no reference cycle keeps activations alive), ``attrs`` the op's full attributes.
+    """
+
+    __slots__ = ("attrs", "inputs", "op", "outputs")
+
+    def __init__(self, op: OpDef, inputs: tuple, attrs: dict[str, Any], outputs: tuple):
+        self.op = op
+        self.inputs = inputs
+        self.attrs = attrs
+        self.outputs = outputs
+
+    def __repr__(self) -> str:
+        return f"<Node {self.op.name}>"
+
+
+def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
+             create_graph: bool = False) -> None:
+    """Accumulate d(root)/d(leaf) into ``.grad`` of every leaf that requires grad."""
+    from .tensor import Tensor
+
+    if not root.requires_grad:
+        raise AutogradError(
+            "backward() on a tensor that does not require grad: no input of the computation "
+            "had requires_grad=True (or it ran under no_grad())"
+        )
+    if gradient is None:
+        if root.size != 1:
+            raise AutogradError(
+                f"backward() without a gradient needs a one-element output, got shape "
+                f"{list(root.shape)}; pass gradient=ones_like(output) or reduce it first"
+            )
+        gradient = Tensor._wrap(np.ones(root._data.shape, root._data.dtype))
+    elif not isinstance(gradient, Tensor):
+        gradient = Tensor._wrap(np.asarray(gradient, dtype=root._data.dtype))
+    if tuple(gradient.shape) != tuple(root.shape):
+        raise AutogradError(
+            f"gradient shape {list(gradient.shape)} does not match output shape {list(root.shape)}"
+        )
+    if root._node is None:  # a leaf
+        _accumulate(root, gradient)
+        return
+
+    order = _topological(root._node)
+    pending: dict[int, list] = {id(root._node): [None] * len(root._node.outputs)}
+    pending[id(root._node)][root._index] = gradient
+    prev = grad_mode.enabled
+    grad_mode.enabled = create_graph
+    try:
+        for node in order:
+            gouts = pending.pop(id(node), None)
+            if gouts is None or all(g is None for g in gouts):
+                continue
+            if node.inputs is None:
+                raise AutogradError(
+                    "backward() through a graph that was already freed: call "
+                    "backward(retain_graph=True) the first time to go through it twice"
+                )
+            if len(gouts) > 1:
+                gouts = [
+                    Tensor._wrap(np.zeros_like(o._data)) if g is None else g
+                    for g, o in zip(gouts, node.outputs)
+                ]
+            gins = node.op.grad(node, *gouts)
+            if not isinstance(gins, (tuple, list)):
+                gins = (gins,)
+            for inp, g in zip(node.inputs, gins):
+                if g is None or inp is None or not inp.requires_grad:
+                    continue
+                if tuple(g.shape) != tuple(inp.shape):
+                    raise AutogradError(
+                        f"gradient rule of {node.op.name} gave shape {list(g.shape)} for an input "
+                        f"of shape {list(inp.shape)}"
+                    )
+                if inp._node is None:
+                    _accumulate(inp, g)
+                else:
+                    slot = pending.setdefault(id(inp._node), [None] * len(inp._node.outputs))
+                    prev_g = slot[inp._index]
+                    slot[inp._index] = g if prev_g is None else prev_g + g
+            if not retain_graph:
+                node.inputs = None
+    finally:
+        grad_mode.enabled = prev
+
+
+def _accumulate(leaf: Tensor, g: Tensor) -> None:
+    if not leaf.requires_grad:
+        return
+    if g._data.dtype != leaf._data.dtype:
+        g = g.cast(leaf.dtype)
+    if not grad_mode.enabled:
+        g = g.detach()
+    if leaf.grad is None:
+        # own the buffer: a gradient may share data with an activation that gets released
+        leaf.grad = g if g._node is not None else type(g)._wrap(np.array(g._data, copy=True))
+    else:
+        leaf.grad = leaf.grad + g
+
+
+def _topological(start: Node) -> list[Node]:
+    """Nodes reachable from ``start``, each before the nodes it depends on."""
+    order: list[Node] = []
+    seen = {id(start)}
+    stack: list[tuple[Node, bool]] = [(start, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        stack.append((node, True))
+        for inp in node.inputs or ():
+            if inp is not None and inp._node is not None and id(inp._node) not in seen:
+                seen.add(id(inp._node))
+                stack.append((inp._node, False))
+    order.reverse()
+    return order

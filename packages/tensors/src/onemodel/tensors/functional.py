@@ -1,0 +1,265 @@
+"""Neural-network functions on Tensors, named and parameterized as in ``torch.nn.functional``.
+
+Each is built from ops of the op set, so it is differentiable and traceable."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from .dtype import DType
+from .errors import OneModelError, ShapeError
+from .generator import Generator, default_generator
+from .tensor import Tensor, _call, _const, concat, where
+
+
+def _tuple(v, n: int) -> tuple[int, ...]:
+    if isinstance(v, (tuple, list)):
+        if len(v) != n:
+            raise ShapeError(f"expected {n} values, got {list(v)}")
+        return tuple(int(x) for x in v)
+    return (int(v),) * n
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` with weight shaped (out, in)."""
+    if x.ndim == 2:
+        return _call("Gemm", x, weight, bias, transB=1)
+    y = x @ weight.mT
+    return y + bias if bias is not None else y
+
+
+def _conv(x, weight, bias, stride, padding, dilation, groups, nd):
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = (0,) * (2 * nd)
+        elif padding == "same":
+            d = _tuple(dilation, nd)
+            k = weight.shape[2:]
+            total = [d[i] * (k[i] - 1) for i in range(nd)]
+            pads = tuple(t // 2 for t in total) + tuple(t - t // 2 for t in total)
+        else:
+            raise OneModelError(f"padding must be an int, a tuple, 'same' or 'valid', not {padding!r}")
+    else:
+        p = _tuple(padding, nd)
+        pads = p + p
+    return _call("Conv", x, weight, bias, strides=_tuple(stride, nd), pads=pads,
+                 dilations=_tuple(dilation, nd), group=int(groups))
+
+
+def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> Tensor:
+    return _conv(x, weight, bias, stride, padding, dilation, groups, 1)
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> Tensor:
+    return _conv(x, weight, bias, stride, padding, dilation, groups, 2)
+
+
+def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+                     dilation=1) -> Tensor:
+    """Weight shaped (in, out / groups, kH, kW), as in PyTorch."""
+    p = _tuple(padding, 2)
+    return _call("ConvTranspose", x, weight, bias, strides=_tuple(stride, 2), pads=p + p,
+                 output_padding=_tuple(output_padding, 2), group=int(groups),
+                 dilations=_tuple(dilation, 2))
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False) -> Tensor:
+    k = _tuple(kernel_size, 2)
+    p = _tuple(padding, 2)
+    return _call("MaxPool", x, kernel_shape=k, strides=_tuple(stride or kernel_size, 2),
+                 pads=p + p, dilations=_tuple(dilation, 2), ceil_mode=int(ceil_mode))
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True) -> Tensor:
+    k = _tuple(kernel_size, 2)
+    p = _tuple(padding, 2)
+    return _call("AveragePool", x, kernel_shape=k, strides=_tuple(stride or kernel_size, 2),
+                 pads=p + p, ceil_mode=int(ceil_mode), count_include_pad=int(count_include_pad))
+
+
+def adaptive_avg_pool2d(x: Tensor, output_size) -> Tensor:
+    """PyTorch's adaptive average pooling: window i spans [floor(i*H/o), ceil((i+1)*H/o))."""
+    h, w = x.shape[-2:]
+    oh, ow = _tuple(output_size, 2) if output_size is not None else (h, w)
+    if (oh, ow) == (1, 1):
+        return _call("GlobalAveragePool", x)
+    if h % oh == 0 and w % ow == 0:
+        kh, kw = h // oh, w // ow
+        return _call("AveragePool", x, kernel_shape=(kh, kw), strides=(kh, kw))
+    rows = []
+    for i in range(oh):
+        r0, r1 = (i * h) // oh, -((-(i + 1) * h) // oh)
+        cols = []
+        for j in range(ow):
+            c0, c1 = (j * w) // ow, -((-(j + 1) * w) // ow)
+            cols.append(x[..., r0:r1, c0:c1].mean(axis=(-2, -1), keepdims=True))
+        rows.append(concat(cols, axis=-1))
+    return concat(rows, axis=-2)
+
+
+def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Batch normalization over axis 1. In training mode, normalizes with batch statistics and
+    updates the running statistics in place (PyTorch's momentum convention)."""
+    c = x.shape[1]
+    if weight is None:
+        weight = Tensor._wrap(np.ones(c, x._data.dtype))
+    if bias is None:
+        bias = Tensor._wrap(np.zeros(c, x._data.dtype))
+    if not training:
+        if running_mean is None or running_var is None:
+            raise OneModelError("batch_norm in eval mode needs running_mean and running_var")
+        return _call("BatchNormalization", x, weight, bias, running_mean, running_var,
+                     epsilon=float(eps))
+    axes = (0, *range(2, x.ndim))
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    mean = x.mean(axis=axes, keepdims=True)
+    xc = x - mean
+    var = (xc * xc).mean(axis=axes, keepdims=True)
+    y = xc * (var + eps) ** -0.5 * weight.reshape(*shape) + bias.reshape(*shape)
+    if running_mean is not None and running_var is not None:
+        n = x.size // c
+        m = x._data.dtype.type(momentum)
+        running_mean._data *= 1 - m
+        running_mean._data += m * mean._data.reshape(c)
+        running_var._data *= 1 - m
+        running_var._data += m * var._data.reshape(c) * (n / max(n - 1, 1))
+    return y
+
+
+def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    shape = _normalized(normalized_shape)
+    if tuple(x.shape[-len(shape):]) != shape:
+        raise ShapeError(f"layer_norm: input shape {list(x.shape)} does not end with {list(shape)}")
+    if weight is None:
+        weight = Tensor._wrap(np.ones(shape, x._data.dtype))
+    return _call("LayerNormalization", x, weight, bias, axis=-len(shape), epsilon=float(eps))
+
+
+def _normalized(shape) -> tuple[int, ...]:
+    return (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
+
+
+def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    n, c = x.shape[:2]
+    if c % num_groups:
+        raise ShapeError(f"group_norm: {c} channels do not split into {num_groups} groups")
+    grouped = x.reshape(n, num_groups, -1)
+    mean = grouped.mean(axis=-1, keepdims=True)
+    xc = grouped - mean
+    var = (xc * xc).mean(axis=-1, keepdims=True)
+    y = (xc * (var + eps) ** -0.5).reshape(*x.shape)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        y = y * weight.reshape(*shape)
+    if bias is not None:
+        y = y + bias.reshape(*shape)
+    return y
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True,
+            generator: Generator | None = None) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by 1/(1-p) in training."""
+    if not 0 <= p <= 1:
+        raise OneModelError(f"dropout probability must be in [0, 1], got {p}")
+    if not training or p == 0:
+        return x
+    if p == 1:
+        return x * 0
+    keep = (generator or default_generator).bernoulli(x.shape, 1 - p)
+    mask = Tensor._wrap((keep / (1 - p)).astype(x._data.dtype))
+    return x * mask
+
+
+def embedding(indices: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
+    """Rows of ``weight`` at ``indices``; the row at ``padding_idx`` gets no gradient."""
+    if not isinstance(indices, Tensor):
+        indices = Tensor(np.asarray(indices, np.int64))
+    if indices.dtype not in (DType.I64, DType.I32):
+        raise OneModelError(f"embedding indices must be integers, got {indices.dtype.name}")
+    out = _call("Gather", weight, indices.cast(DType.I64), axis=0)
+    if padding_idx is not None and weight.requires_grad:
+        keep = (indices != padding_idx).unsqueeze(-1)
+        out = where(keep, out, out.detach())
+    return out
+
+
+def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.0) -> Tensor:
+    """PyTorch's pad: ``pad`` lists (before, after) pairs from the last axis backwards."""
+    if len(pad) % 2:
+        raise OneModelError("pad needs an even number of values: (before, after) per axis")
+    n = len(pad) // 2
+    if n > x.ndim:
+        raise ShapeError(f"pad gives {n} axes but the input has rank {x.ndim}")
+    begins = [0] * x.ndim
+    ends = [0] * x.ndim
+    for i in range(n):
+        begins[x.ndim - 1 - i] = int(pad[2 * i])
+        ends[x.ndim - 1 - i] = int(pad[2 * i + 1])
+    onnx_mode = {"constant": "constant", "reflect": "reflect", "replicate": "edge",
+                 "circular": "wrap"}.get(mode)
+    if onnx_mode is None:
+        raise OneModelError(f"pad mode must be constant, reflect, replicate or circular, not {mode!r}")
+    value_t = Tensor._wrap(np.asarray(value, x._data.dtype)) if mode == "constant" else None
+    return _call("Pad", x, _const(begins + ends), value_t, mode=onnx_mode)
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
+                                 attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 generator: Generator | None = None) -> Tensor:
+    """softmax(q @ k^T * scale + mask) @ v. A BOOL mask marks the positions that may attend."""
+    length, source = query.shape[-2], key.shape[-2]
+    s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = (query @ key.mT) * s
+    if is_causal:
+        allowed = Tensor._wrap(np.tril(np.ones((length, source), dtype=bool)))
+        scores = where(allowed, scores, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype is DType.BOOL:
+            scores = where(attn_mask, scores, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    weights = scores.softmax(-1)
+    if dropout_p > 0:
+        weights = dropout(weights, dropout_p, True, generator)
+    return weights @ value
+
+
+def one_hot(indices: Tensor, num_classes: int = -1) -> Tensor:
+    """I64 one-hot encoding along a new last axis."""
+    if num_classes < 0:
+        num_classes = int(indices._data.max()) + 1
+    values = Tensor._wrap(np.asarray([0, 1], np.int64))
+    return _call("OneHot", indices.cast(DType.I64), _const([num_classes]), values, axis=-1)
+
+
+def relu(x: Tensor) -> Tensor:
+    return x.relu()
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    return x.gelu(approximate)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return x.sigmoid()
+
+
+def tanh(x: Tensor) -> Tensor:
+    return x.tanh()
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    return x.softmax(dim)
+
+
+def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    return x.log_softmax(dim)

@@ -1,0 +1,50 @@
+"""The core hook specifications of the ``onemodel`` plugin system.
+
+Every hook is a *registration* hook: it receives a ``register`` callback and calls it once per thing
+the plugin provides. Code is named lazily as ``"module:attribute"`` strings, so discovering plugins
+imports nothing heavy (numba, onnx, a GPU library); the code is imported when first used.
+
+A minimal plugin is one module with one of these functions, decorated with
+:data:`onemodel.tensors.registry.hookimpl`, plus an entry point in group ``onemodel``::
+
+    [project.entry-points.onemodel]
+    myplugin = "my_package.onemodel_plugin"
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("onemodel")
+
+
+@hookspec(historic=True)
+def onemodel_addhooks(pluginmanager: pluggy.PluginManager) -> None:
+    """Add hook specifications of another package (the runtime adds its passes and serializers).
+
+    :param pluginmanager: the ``onemodel`` plugin manager; call ``pluginmanager.add_hookspecs``.
+    """
+
+
+@hookspec
+def onemodel_register_backends(register) -> None:
+    """Declare devices this plugin computes on.
+
+    :param register: ``register(name, *, description="", available=None)``. ``available`` is
+        ``None`` (always usable) or a lazily named zero-argument callable returning a bool, e.g.
+        ``"my_gpu_plugin.probe:has_device"``.
+    """
+
+
+@hookspec
+def onemodel_register_kernels(register) -> None:
+    """Provide kernels for ops of the op set.
+
+    :param register: ``register(op, impl, *, device="cpu", dtypes=None, priority=0,
+        supports=None)``. ``impl`` is a callable or a ``"module:attr"`` string naming one; it is
+        called as ``impl(*arrays, **attrs)`` with numpy arrays and the op's attributes and returns
+        an array (or a tuple for ops with several outputs). ``dtypes`` limits the kernel to calls
+        whose first input has one of these DTypes. Among kernels that accept a call, the highest
+        ``priority`` wins; the reference numpy kernels have priority 0. ``supports`` (same call
+        signature as ``impl``, returns a bool) can refuse a particular call.
+    """

@@ -1,0 +1,308 @@
+"""Elementwise ops: arithmetic, math functions, activations, comparisons, logic, Where and Cast."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..dtype import FLOATING, NUMERIC, DType
+from ..errors import DTypeError
+from ._grad import unbroadcast
+from .base import TensorSpec, broadcast_shapes, defop, same_dtype
+
+# shape rules ---------------------------------------------------------------------------------
+
+def _binary(specs, allowed=NUMERIC):
+    a, b = specs
+    return TensorSpec(broadcast_shapes(a.shape, b.shape), same_dtype(specs, allowed))
+
+
+def _binary_float(specs):
+    return _binary(specs, FLOATING)
+
+
+def _compare(specs):
+    same_dtype(specs)
+    return TensorSpec(broadcast_shapes(specs[0].shape, specs[1].shape), DType.BOOL)
+
+
+def _logic(specs):
+    same_dtype(specs, {DType.BOOL})
+    return TensorSpec(broadcast_shapes(*[s.shape for s in specs]), DType.BOOL)
+
+
+def _unary(specs, **_):
+    return TensorSpec(specs[0].shape, same_dtype(specs[:1], NUMERIC))
+
+
+def _unary_float(specs, **_):
+    return TensorSpec(specs[0].shape, same_dtype(specs[:1], FLOATING))
+
+
+# arithmetic ----------------------------------------------------------------------------------
+
+def _add_grad(ctx, g):
+    a, b = ctx.inputs
+    return unbroadcast(g, a.shape), unbroadcast(g, b.shape)
+
+
+@defop("Add", shape=_binary, grad=_add_grad)
+def add(A, B):
+    return np.add(A, B)
+
+
+def _sub_grad(ctx, g):
+    a, b = ctx.inputs
+    return unbroadcast(g, a.shape), unbroadcast(-g, b.shape)
+
+
+@defop("Sub", shape=_binary, grad=_sub_grad)
+def sub(A, B):
+    return np.subtract(A, B)
+
+
+def _mul_grad(ctx, g):
+    a, b = ctx.inputs
+    return unbroadcast(g * b, a.shape), unbroadcast(g * a, b.shape)
+
+
+@defop("Mul", shape=_binary, grad=_mul_grad)
+def mul(A, B):
+    return np.multiply(A, B)
+
+
+def _div_grad(ctx, g):
+    a, b = ctx.inputs
+    ga = g / b
+    return unbroadcast(ga, a.shape), unbroadcast(-ga * ctx.outputs[0], b.shape)
+
+
+@defop("Div", shape=_binary, grad=_div_grad)
+def div(A, B):
+    """Integer division truncates toward zero, as in ONNX."""
+    if A.dtype.kind in "iu":
+        q = np.trunc(np.true_divide(A, B))
+        return q.astype(np.result_type(A, B))
+    return np.true_divide(A, B)
+
+
+def _pow_grad(ctx, g):
+    x, y = ctx.inputs
+    z = ctx.outputs[0]
+    gx = g * y * x ** (y - 1)
+    # d/dy x**y = x**y * log(x); defined as 0 where x == 0 (PyTorch's convention)
+    safe = x.where(x > 0, 1.0)
+    gy = (g * z * safe.log()).where(x > 0, 0.0)
+    return unbroadcast(gx, x.shape), unbroadcast(gy, y.shape)
+
+
+def _pow_shape(specs):
+    x, y = specs
+    if x.dtype not in NUMERIC or y.dtype not in NUMERIC:
+        raise DTypeError("Pow needs numeric inputs")
+    return TensorSpec(broadcast_shapes(x.shape, y.shape), x.dtype)
+
+
+@defop("Pow", shape=_pow_shape, grad=_pow_grad)
+def pow_(X, Y):
+    return np.power(X, Y.astype(X.dtype) if X.dtype.kind == "f" else Y).astype(X.dtype, copy=False)
+
+
+@defop("Neg", shape=_unary, grad=lambda ctx, g: -g)
+def neg(X):
+    return np.negative(X)
+
+
+@defop("Abs", shape=_unary, grad=lambda ctx, g: g * ctx.inputs[0].sign())
+def abs_(X):
+    return np.abs(X)
+
+
+@defop("Sign", shape=_unary)
+def sign(X):
+    return np.sign(X)
+
+
+@defop("Reciprocal", shape=_unary_float, grad=lambda ctx, g: -g * ctx.outputs[0] * ctx.outputs[0])
+def reciprocal(X):
+    return np.reciprocal(X)
+
+
+# math functions ------------------------------------------------------------------------------
+
+@defop("Exp", shape=_unary_float, grad=lambda ctx, g: g * ctx.outputs[0])
+def exp(X):
+    return np.exp(X)
+
+
+@defop("Log", shape=_unary_float, grad=lambda ctx, g: g / ctx.inputs[0])
+def log(X):
+    return np.log(X)
+
+
+@defop("Sqrt", shape=_unary_float, grad=lambda ctx, g: g / (ctx.outputs[0] * 2))
+def sqrt(X):
+    return np.sqrt(X)
+
+
+@defop("Tanh", shape=_unary_float, grad=lambda ctx, g: g * (1 - ctx.outputs[0] * ctx.outputs[0]))
+def tanh(X):
+    return np.tanh(X)
+
+
+_erf_obj = np.frompyfunc(math.erf, 1, 1)
+
+
+@defop("Erf", shape=_unary_float,
+       grad=lambda ctx, g: g * (ctx.inputs[0] * ctx.inputs[0] * -1).exp() * (2 / math.sqrt(math.pi)))
+def erf(X):
+    return _erf_obj(X).astype(X.dtype) if X.ndim else np.asarray(math.erf(X), X.dtype)
+
+
+# activations ---------------------------------------------------------------------------------
+
+@defop("Sigmoid", shape=_unary_float,
+       grad=lambda ctx, g: g * ctx.outputs[0] * (1 - ctx.outputs[0]))
+def sigmoid(X):
+    # exp of a non-positive number only: no overflow warnings for large |x|
+    e = np.exp(-np.abs(X))
+    return np.where(X >= 0, 1 / (1 + e), e / (1 + e)).astype(X.dtype, copy=False)
+
+
+@defop("Relu", shape=_unary, grad=lambda ctx, g: g.where(ctx.outputs[0] > 0, 0.0))
+def relu(X):
+    return np.maximum(X, 0)
+
+
+def _gelu_grad(ctx, g):
+    x = ctx.inputs[0]
+    if ctx.attrs["approximate"] == "tanh":
+        k = math.sqrt(2 / math.pi)
+        inner = (x + x * x * x * 0.044715) * k
+        t = inner.tanh()
+        dinner = (x * x * (3 * 0.044715) + 1) * k
+        return g * ((t + 1) * 0.5 + x * 0.5 * (1 - t * t) * dinner)
+    cdf = ((x * (1 / math.sqrt(2))).erf() + 1) * 0.5
+    pdf = (x * x * -0.5).exp() * (1 / math.sqrt(2 * math.pi))
+    return g * (cdf + x * pdf)
+
+
+@defop("Gelu", shape=_unary_float, grad=_gelu_grad)
+def gelu(X, *, approximate="none"):
+    """ONNX Gelu (opset 20): ``approximate`` is "none" (erf) or "tanh"."""
+    if approximate == "tanh":
+        k = np.asarray(math.sqrt(2 / math.pi), X.dtype)
+        return (0.5 * X * (1 + np.tanh(k * (X + 0.044715 * X**3)))).astype(X.dtype, copy=False)
+    if approximate != "none":
+        raise ValueError(f"Gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+    return (0.5 * X * (1 + erf.kernel(X / np.asarray(math.sqrt(2), X.dtype)))).astype(X.dtype)
+
+
+def _clip_grad(ctx, g):
+    x, lo, hi = ctx.inputs
+    keep = None
+    if lo is not None:
+        keep = x >= lo
+    if hi is not None:
+        keep = (x <= hi) if keep is None else keep & (x <= hi)
+    return (g if keep is None else g.where(keep, 0.0)), None, None
+
+
+def _clip_shape(specs):
+    same_dtype(specs, NUMERIC)
+    return TensorSpec(specs[0].shape, specs[0].dtype)
+
+
+@defop("Clip", shape=_clip_shape, grad=_clip_grad)
+def clip(input, min=None, max=None):  # noqa: A002 - ONNX names
+    out = input
+    if min is not None:
+        out = np.maximum(out, min)
+    if max is not None:
+        out = np.minimum(out, max)
+    return out if out is not input else input.copy()
+
+
+# comparisons and logic -----------------------------------------------------------------------
+
+@defop("Equal", shape=_compare)
+def equal(A, B):
+    return np.equal(A, B)
+
+
+@defop("Less", shape=_compare)
+def less(A, B):
+    return np.less(A, B)
+
+
+@defop("LessOrEqual", shape=_compare)
+def less_or_equal(A, B):
+    return np.less_equal(A, B)
+
+
+@defop("Greater", shape=_compare)
+def greater(A, B):
+    return np.greater(A, B)
+
+
+@defop("GreaterOrEqual", shape=_compare)
+def greater_or_equal(A, B):
+    return np.greater_equal(A, B)
+
+
+@defop("Not", shape=_logic)
+def not_(X):
+    return np.logical_not(X)
+
+
+@defop("And", shape=_logic)
+def and_(A, B):
+    return np.logical_and(A, B)
+
+
+@defop("Or", shape=_logic)
+def or_(A, B):
+    return np.logical_or(A, B)
+
+
+# selection and conversion ----------------------------------------------------------------------
+
+def _where_grad(ctx, g):
+    cond, x, y = ctx.inputs
+    from ..tensor import where
+
+    return (None, unbroadcast(where(cond, g, 0.0), x.shape),
+            unbroadcast(where(cond, 0.0, g), y.shape))
+
+
+def _where_shape(specs):
+    cond, x, y = specs
+    if cond.dtype is not DType.BOOL:
+        raise DTypeError(f"Where condition must be BOOL, got {cond.dtype.name}")
+    return TensorSpec(broadcast_shapes(cond.shape, x.shape, y.shape), same_dtype([x, y]))
+
+
+@defop("Where", shape=_where_shape, grad=_where_grad)
+def where(condition, X, Y):
+    return np.where(condition, X, Y)
+
+
+def _cast_grad(ctx, g):
+    src = ctx.inputs[0].dtype
+    return g.cast(src) if src.is_floating else None
+
+
+def _cast_shape(specs, *, to):
+    return TensorSpec(specs[0].shape, DType.of(to))
+
+
+@defop("Cast", shape=_cast_shape, grad=_cast_grad)
+def cast(input, *, to=DType.F32):
+    """``to`` is a DType (its ONNX number when exported)."""
+    return input.astype(DType.of(to).numpy)
+
+
+@defop("Identity", shape=lambda specs: specs[0], grad=lambda ctx, g: g)
+def identity(input):
+    return input.copy()

@@ -1,0 +1,90 @@
+"""Matrix products: MatMul (numpy semantics, batched and 1-D) and Gemm."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtype import FLOATING, NUMERIC
+from ..errors import ShapeError
+from ..symbolic import dims_equal
+from ._grad import unbroadcast
+from .base import TensorSpec, broadcast_shapes, defop, same_dtype
+
+
+def _matmul_shape(specs):
+    a, b = specs
+    dt = same_dtype(specs, NUMERIC)
+    sa, sb = a.shape, b.shape
+    if not sa or not sb:
+        raise ShapeError("MatMul inputs must have at least one axis")
+    a2 = ((1,) + sa) if len(sa) == 1 else sa
+    b2 = (sb + (1,)) if len(sb) == 1 else sb
+    if not dims_equal(a2[-1], b2[-2]):
+        raise ShapeError(f"inner dimensions {a2[-1]} and {b2[-2]} differ")
+    out = broadcast_shapes(a2[:-2], b2[:-2]) + (a2[-2], b2[-1])
+    if len(sa) == 1:
+        out = out[:-2] + out[-1:]
+    if len(sb) == 1:
+        out = out[:-1]
+    return TensorSpec(out, dt)
+
+
+def _matmul_grad(ctx, g):
+    a, b = ctx.inputs
+    a2 = a.reshape(1, -1) if a.ndim == 1 else a
+    b2 = b.reshape(-1, 1) if b.ndim == 1 else b
+    if a.ndim == 1:
+        g = g.unsqueeze(-2)
+    if b.ndim == 1:
+        g = g.unsqueeze(-1)
+    ga = unbroadcast(g @ b2.mT, a2.shape).reshape(*a.shape)
+    gb = unbroadcast(a2.mT @ g, b2.shape).reshape(*b.shape)
+    return ga, gb
+
+
+@defop("MatMul", shape=_matmul_shape, grad=_matmul_grad)
+def matmul(A, B):
+    return np.matmul(A, B)
+
+
+def _gemm_shape(specs, *, alpha=1.0, beta=1.0, transA=0, transB=0):  # noqa: N803 - ONNX names
+    a, b = specs[0], specs[1]
+    dt = same_dtype(specs, FLOATING)
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        raise ShapeError("Gemm inputs A and B must be 2-D")
+    m, k = a.shape[::-1] if transA else a.shape
+    k2, n = b.shape[::-1] if transB else b.shape
+    if not dims_equal(k, k2):
+        raise ShapeError(f"inner dimensions {k} and {k2} differ")
+    if len(specs) > 2 and specs[2] is not None:
+        broadcast_shapes(specs[2].shape, (m, n))
+    return TensorSpec((m, n), dt)
+
+
+def _gemm_grad(ctx, g):
+    a, b = ctx.inputs[0], ctx.inputs[1]
+    c = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    alpha, beta = ctx.attrs["alpha"], ctx.attrs["beta"]
+    ta, tb = ctx.attrs["transA"], ctx.attrs["transB"]
+    a_ = a.mT if ta else a
+    b_ = b.mT if tb else b
+    ga_ = g @ b_.mT
+    gb_ = a_.mT @ g
+    if alpha != 1.0:
+        ga_, gb_ = ga_ * alpha, gb_ * alpha
+    ga = ga_.mT if ta else ga_
+    gb = gb_.mT if tb else gb_
+    gc = None if c is None else unbroadcast(g * beta if beta != 1.0 else g, c.shape)
+    return ga, gb, gc
+
+
+@defop("Gemm", shape=_gemm_shape, grad=_gemm_grad)
+def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):  # noqa: N803
+    a = A.T if transA else A
+    b = B.T if transB else B
+    y = a @ b
+    if alpha != 1.0:
+        y *= np.asarray(alpha, y.dtype)
+    if C is not None:
+        y += C * np.asarray(beta, y.dtype) if beta != 1.0 else C
+    return y

@@ -1,0 +1,515 @@
+"""Neural-network ops: convolution, pooling, normalization and softmax, with the internal ops
+(domain ``onemodel``) that their gradients use."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..dtype import FLOATING
+from ..errors import ShapeError
+from ..symbolic import add, floordiv, mul
+from ._grad import call
+from .base import TensorSpec, defop, norm_axis, same_dtype
+
+# window geometry shared by convolution and pooling -----------------------------------------------
+
+
+def _geometry(in_sp, k, strides, pads, dilations, auto_pad="NOTSET", ceil_mode=0):
+    """(strides, begin pads, end pads, dilations, output sizes) for integer spatial sizes.
+
+    The end pads include the extra room that ``ceil_mode`` needs for the last window."""
+    nd = len(k)
+    s = tuple(strides) if strides else (1,) * nd
+    d = tuple(dilations) if dilations else (1,) * nd
+    p = tuple(pads) if pads else (0,) * (2 * nd)
+    pb, pe = list(p[:nd]), list(p[nd:])
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        for i in range(nd):
+            out = -(-in_sp[i] // s[i])
+            total = max((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_sp[i], 0)
+            small = total // 2
+            pb[i], pe[i] = (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
+    elif auto_pad == "VALID":
+        pb, pe = [0] * nd, [0] * nd
+    out_sp, extra = [], []
+    for i in range(nd):
+        ext = (k[i] - 1) * d[i] + 1
+        span = in_sp[i] + pb[i] + pe[i] - ext
+        if span < 0:
+            raise ShapeError(
+                f"kernel extent {ext} is larger than the padded input {in_sp[i] + pb[i] + pe[i]}"
+            )
+        o = (-(-span // s[i]) if ceil_mode else span // s[i]) + 1
+        if ceil_mode and (o - 1) * s[i] >= in_sp[i] + pb[i]:
+            o -= 1  # the last window must start inside the input or the left padding
+        out_sp.append(o)
+        extra.append(max((o - 1) * s[i] + ext - (in_sp[i] + pb[i] + pe[i]), 0))
+    return s, tuple(pb), tuple(pe), d, tuple(out_sp), tuple(extra)
+
+
+def _windows(xp, k, s, d, out_sp):
+    """View of ``xp`` (N, C, *padded) as (N, C, *out, *k) windows; no copy."""
+    nd = len(k)
+    ext = tuple((kk - 1) * dd + 1 for kk, dd in zip(k, d))
+    v = sliding_window_view(xp, ext, axis=tuple(range(2, 2 + nd)))
+    index = (slice(None), slice(None))
+    index += tuple(slice(0, (o - 1) * ss + 1, ss) for o, ss in zip(out_sp, s))
+    index += tuple(slice(None, None, dd) for dd in d)
+    return v[index]
+
+
+def _pad_spatial(x, pb, pe, value=0.0):
+    if not any(pb) and not any(pe):
+        return x
+    widths = [(0, 0), (0, 0)] + list(zip(pb, pe))
+    return np.pad(x, widths, mode="constant", constant_values=value)
+
+
+def _col2im(cols, padded_shape, k, s, d, out_sp):
+    """Adjoint of :func:`_windows`: add (N, C, *k, *out) columns back into a padded buffer."""
+    out = np.zeros(padded_shape, cols.dtype)
+    for kidx in np.ndindex(*k):
+        index = (slice(None), slice(None)) + tuple(
+            slice(ki * di, ki * di + (o - 1) * si + 1, si)
+            for ki, di, o, si in zip(kidx, d, out_sp, s)
+        )
+        out[index] += cols[(slice(None), slice(None)) + kidx]
+    return out
+
+
+def _crop(xp, pb, pe):
+    index = (slice(None), slice(None)) + tuple(
+        slice(b, xp.shape[2 + i] - e) for i, (b, e) in enumerate(zip(pb, pe))
+    )
+    return xp[index]
+
+
+# convolution -------------------------------------------------------------------------------
+
+def _im2col(X, k, s, pb, pe, d, out_sp, group):
+    """Columns (N, G, Cg*K, L) of the padded input."""
+    n, c = X.shape[:2]
+    nd = len(k)
+    xp = _pad_spatial(X, pb, pe)
+    win = _windows(xp, k, s, d, out_sp).reshape(n, group, c // group, *out_sp, *k)
+    perm = (0, 1, 2, *range(3 + nd, 3 + 2 * nd), *range(3, 3 + nd))
+    cols = np.ascontiguousarray(win.transpose(perm))
+    return cols.reshape(n, group, (c // group) * math.prod(k), math.prod(out_sp)), xp.shape
+
+
+def _conv_attrs_shape(x_shape, w_shape, auto_pad, dilations, kernel_shape, pads, strides,
+                      what="Conv"):
+    nd = len(x_shape) - 2
+    if nd < 1 or len(w_shape) != nd + 2:
+        raise ShapeError(f"{what} needs X of rank >= 3 and W of the same rank")
+    k = tuple(kernel_shape) if kernel_shape else tuple(w_shape[2:])
+    return nd, k
+
+
+def _conv_shape(specs, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                pads=None, strides=None):
+    x, w = specs[0], specs[1]
+    dt = same_dtype(specs, FLOATING)
+    nd, k = _conv_attrs_shape(x.shape, w.shape, auto_pad, dilations, kernel_shape, pads, strides)
+    if isinstance(x.shape[1], int) and isinstance(w.shape[1], int) and x.shape[1] != w.shape[1] * group:
+        raise ShapeError(
+            f"input has {x.shape[1]} channels but W expects {w.shape[1]} x group {group}"
+        )
+    out = []
+    s = strides or (1,) * nd
+    d = dilations or (1,) * nd
+    p = pads or (0,) * (2 * nd)
+    for i in range(nd):
+        dim = x.shape[2 + i]
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out.append(floordiv(add(dim, s[i] - 1), s[i]))
+            continue
+        pad = 0 if auto_pad == "VALID" else p[i] + p[i + nd]
+        ext = (k[i] - 1) * d[i] + 1
+        out.append(add(floordiv(add(dim, pad - ext), s[i]), 1))
+    return TensorSpec((x.shape[0], w.shape[0], *out), dt)
+
+
+def _conv_grad(ctx, g):
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    gx, gw = call("ConvGrad", x, w, g, **ctx.attrs)
+    gb = None
+    if b is not None and b.requires_grad:
+        gb = g.sum(axis=(0, *range(2, g.ndim)))
+    return gx, gw, gb
+
+
+@defop("Conv", shape=_conv_shape, grad=_conv_grad)
+def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+         pads=None, strides=None):
+    nd = X.ndim - 2
+    k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
+    s, pb, pe, d, out_sp, _ = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad)
+    n, m = X.shape[0], W.shape[0]
+    cols, _ = _im2col(X, k, s, pb, pe, d, out_sp, group)
+    w = W.reshape(group, m // group, -1)
+    y = np.matmul(w, cols).reshape(n, m, *out_sp)
+    if B is not None:
+        y += B.reshape((1, m) + (1,) * nd)
+    return y
+
+
+def _conv_grad_shape(specs, **attrs):
+    return [TensorSpec(specs[0].shape, specs[0].dtype), TensorSpec(specs[1].shape, specs[1].dtype)]
+
+
+@defop("ConvGrad", shape=_conv_grad_shape, outputs=("dX", "dW"), domain="onemodel")
+def conv_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+              pads=None, strides=None):
+    """Gradients of Conv with respect to X and W, given dY."""
+    k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
+    s, pb, pe, d, out_sp, _ = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad)
+    n, c = X.shape[:2]
+    m = W.shape[0]
+    g = group
+    cols, padded = _im2col(X, k, s, pb, pe, d, out_sp, g)
+    dy = dY.reshape(n, g, m // g, -1)
+    length = dy.shape[-1]
+    dy_t = dy.transpose(1, 2, 0, 3).reshape(g, m // g, n * length)
+    cols_t = cols.transpose(1, 0, 3, 2).reshape(g, n * length, -1)
+    dW = np.matmul(dy_t, cols_t).reshape(W.shape)
+    w = W.reshape(g, m // g, -1)
+    dcols = np.matmul(w.transpose(0, 2, 1), dy)  # N, G, Cg*K, L
+    dcols = dcols.reshape(n, c, *k, *out_sp)
+    dX = _crop(_col2im(dcols, padded, k, s, d, out_sp), pb, pe)
+    return np.ascontiguousarray(dX), dW
+
+
+def _convt_geometry(in_sp, k, strides, pads, dilations, output_padding, output_shape, auto_pad):
+    nd = len(k)
+    s = tuple(strides) if strides else (1,) * nd
+    d = tuple(dilations) if dilations else (1,) * nd
+    op = tuple(output_padding) if output_padding else (0,) * nd
+    p = list(pads) if pads else [0] * (2 * nd)
+    full = [(in_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 + op[i] for i in range(nd)]
+    if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        target = list(output_shape)[-nd:] if output_shape is not None else [
+            in_sp[i] * s[i] for i in range(nd)
+        ]
+        for i in range(nd):
+            total = full[i] - target[i]
+            if auto_pad == "SAME_UPPER":
+                p[i], p[i + nd] = total // 2, total - total // 2
+            else:
+                p[i], p[i + nd] = total - total // 2, total // 2
+    pb, pe = tuple(p[:nd]), tuple(p[nd:])
+    out = tuple(full[i] - pb[i] - pe[i] for i in range(nd))
+    return s, pb, pe, d, op, tuple(full), out
+
+
+def _convt_shape(specs, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                 output_padding=None, output_shape=None, pads=None, strides=None):
+    x, w = specs[0], specs[1]
+    dt = same_dtype(specs, FLOATING)
+    nd = len(x.shape) - 2
+    k = tuple(kernel_shape) if kernel_shape else tuple(w.shape[2:])
+    s = strides or (1,) * nd
+    d = dilations or (1,) * nd
+    op = output_padding or (0,) * nd
+    p = pads or (0,) * (2 * nd)
+    out = []
+    for i in range(nd):
+        if output_shape is not None:
+            out.append(int(list(output_shape)[-nd:][i]))
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out.append(mul(x.shape[2 + i], s[i]))
+        else:
+            out.append(add(mul(add(x.shape[2 + i], -1), s[i]),
+                           (k[i] - 1) * d[i] + 1 + op[i] - p[i] - p[i + nd]))
+    return TensorSpec((x.shape[0], mul(w.shape[1], group), *out), dt)
+
+
+def _convt_grad(ctx, g):
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    a = ctx.attrs
+    k = tuple(a["kernel_shape"]) if a["kernel_shape"] else tuple(w.shape[2:])
+    s, pb, pe, d, _, _, _ = _convt_geometry(x.shape[2:], k, a["strides"], a["pads"],
+                                            a["dilations"], a["output_padding"],
+                                            a["output_shape"], a["auto_pad"])
+    conv_attrs = dict(group=a["group"], strides=s, pads=pb + pe, dilations=d, kernel_shape=k)
+    gx = call("Conv", g, w, **conv_attrs)
+    _, gw = call("ConvGrad", g, w, x, **conv_attrs)
+    gb = g.sum(axis=(0, *range(2, g.ndim))) if b is not None and b.requires_grad else None
+    return gx, gw, gb
+
+
+@defop("ConvTranspose", shape=_convt_shape, grad=_convt_grad)
+def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                   kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+                   strides=None):
+    nd = X.ndim - 2
+    k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
+    s, pb, pe, d, _, full, out = _convt_geometry(X.shape[2:], k, strides, pads, dilations,
+                                                 output_padding, output_shape, auto_pad)
+    n, cin = X.shape[:2]
+    g = group
+    mg = W.shape[1]
+    x = X.reshape(n, g, cin // g, -1)
+    w = W.reshape(g, cin // g, -1)
+    cols = np.matmul(w.transpose(0, 2, 1), x).reshape(n, g * mg, *k, *X.shape[2:])
+    y = _crop(_col2im(cols, (n, g * mg, *full), k, s, d, X.shape[2:]), pb, pe)
+    y = np.ascontiguousarray(y)
+    if B is not None:
+        y += B.reshape((1, g * mg) + (1,) * nd)
+    return y
+
+
+# pooling -----------------------------------------------------------------------------------
+
+def _pool_shape(specs, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(),
+                pads=None, strides=None, storage_order=0, count_include_pad=0):
+    x = specs[0]
+    same_dtype(specs, FLOATING)
+    nd = len(x.shape) - 2
+    k = tuple(kernel_shape)
+    if len(k) != nd:
+        raise ShapeError(f"kernel_shape {list(k)} does not match {nd} spatial axes")
+    s = strides or (1,) * nd
+    d = dilations or (1,) * nd
+    p = pads or (0,) * (2 * nd)
+    out = []
+    for i in range(nd):
+        dim = x.shape[2 + i]
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out.append(floordiv(add(dim, s[i] - 1), s[i]))
+        elif isinstance(dim, int):
+            out.append(_geometry((dim,), (k[i],), (s[i],), (p[i], p[i + nd]), (d[i],),
+                                 auto_pad, ceil_mode)[4][0])
+        else:
+            ext = (k[i] - 1) * d[i] + 1
+            span = add(dim, p[i] + p[i + nd] - ext + (s[i] - 1 if ceil_mode else 0))
+            out.append(add(floordiv(span, s[i]), 1))
+    return TensorSpec((x.shape[0], x.shape[1], *out), x.dtype)
+
+
+def _pool_setup(X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode):
+    k = tuple(kernel_shape)
+    s, pb, pe, d, out_sp, extra = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad,
+                                            ceil_mode)
+    return k, s, pb, tuple(e + x for e, x in zip(pe, extra)), d, out_sp, pe
+
+
+def _max_pool_grad(ctx, g):
+    return call("MaxPoolGrad", ctx.inputs[0], g, **ctx.attrs)
+
+
+@defop("MaxPool", shape=_pool_shape, grad=_max_pool_grad)
+def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(), pads=None,
+             storage_order=0, strides=None):
+    k, s, pb, pe, d, out_sp, _ = _pool_setup(X, kernel_shape, strides, pads, dilations, auto_pad,
+                                             ceil_mode)
+    lowest = -np.inf if X.dtype.kind == "f" else np.iinfo(X.dtype).min
+    win = _windows(_pad_spatial(X, pb, pe, lowest), k, s, d, out_sp)
+    nd = len(k)
+    return win.max(axis=tuple(range(-nd, 0)))
+
+
+@defop("MaxPoolGrad", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
+       domain="onemodel")
+def max_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(),
+                  pads=None, storage_order=0, strides=None):
+    """Gradient of MaxPool: each window's gradient goes to its first maximum."""
+    k, s, pb, pe, d, out_sp, _ = _pool_setup(X, kernel_shape, strides, pads, dilations, auto_pad,
+                                             ceil_mode)
+    xp = _pad_spatial(X, pb, pe, -np.inf)
+    win = _windows(xp, k, s, d, out_sp)
+    nd = len(k)
+    flat = win.reshape(*win.shape[: 2 + nd], -1)
+    arg = flat.argmax(axis=-1)
+    cols = np.zeros(flat.shape, dY.dtype)
+    np.put_along_axis(cols, arg[..., None], dY[..., None], axis=-1)
+    cols = np.moveaxis(cols.reshape(*win.shape), tuple(range(2 + nd, 2 + 2 * nd)),
+                       tuple(range(2, 2 + nd)))
+    return np.ascontiguousarray(_crop(_col2im(cols, xp.shape, k, s, d, out_sp), pb, pe))
+
+
+def _avg_counts(X, k, s, pb, pe, pe_explicit, d, out_sp, count_include_pad):
+    ones = np.ones((1, 1, *X.shape[2:]), X.dtype)
+    if count_include_pad:
+        ones = _pad_spatial(ones, pb, pe_explicit, 1.0)
+        ones = _pad_spatial(ones, (0,) * len(k), tuple(a - b for a, b in zip(pe, pe_explicit)))
+    else:
+        ones = _pad_spatial(ones, pb, pe)
+    nd = len(k)
+    return _windows(ones, k, s, d, out_sp).sum(axis=tuple(range(-nd, 0)))
+
+
+def _avg_pool_grad(ctx, g):
+    return call("AveragePoolGrad", ctx.inputs[0], g, **ctx.attrs)
+
+
+@defop("AveragePool", shape=_pool_shape, grad=_avg_pool_grad)
+def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
+                 kernel_shape=(), pads=None, strides=None):
+    k, s, pb, pe, d, out_sp, pe_explicit = _pool_setup(X, kernel_shape, strides, pads, dilations,
+                                                       auto_pad, ceil_mode)
+    nd = len(k)
+    win = _windows(_pad_spatial(X, pb, pe), k, s, d, out_sp)
+    total = win.sum(axis=tuple(range(-nd, 0)))
+    counts = _avg_counts(X, k, s, pb, pe, pe_explicit, d, out_sp, count_include_pad)
+    return (total / counts).astype(X.dtype, copy=False)
+
+
+@defop("AveragePoolGrad", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
+       domain="onemodel")
+def average_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0,
+                      dilations=None, kernel_shape=(), pads=None, strides=None):
+    """Gradient of AveragePool: each window's gradient spread evenly over what it averaged."""
+    k, s, pb, pe, d, out_sp, pe_explicit = _pool_setup(X, kernel_shape, strides, pads, dilations,
+                                                       auto_pad, ceil_mode)
+    counts = _avg_counts(X, k, s, pb, pe, pe_explicit, d, out_sp, count_include_pad)
+    share = (dY / counts).astype(dY.dtype, copy=False)
+    nd = len(k)
+    cols = np.broadcast_to(share.reshape(*share.shape[:2], *(1,) * nd, *share.shape[2:]),
+                           (*share.shape[:2], *k, *share.shape[2:]))
+    padded = (X.shape[0], X.shape[1], *(X.shape[2 + i] + pb[i] + pe[i] for i in range(nd)))
+    return np.ascontiguousarray(_crop(_col2im(cols, padded, k, s, d, out_sp), pb, pe))
+
+
+def _global_pool_shape(specs):
+    x = specs[0]
+    same_dtype(specs, FLOATING)
+    return TensorSpec(x.shape[:2] + (1,) * (len(x.shape) - 2), x.dtype)
+
+
+def _global_avg_grad(ctx, g):
+    x = ctx.inputs[0]
+    return g.expand(*x.shape) / math.prod(x.shape[2:])
+
+
+@defop("GlobalAveragePool", shape=_global_pool_shape, grad=_global_avg_grad)
+def global_average_pool(X):
+    return X.mean(axis=tuple(range(2, X.ndim)), keepdims=True).astype(X.dtype, copy=False)
+
+
+@defop("GlobalMaxPool", shape=_global_pool_shape)
+def global_max_pool(X):
+    return X.max(axis=tuple(range(2, X.ndim)), keepdims=True)
+
+
+# normalization -----------------------------------------------------------------------------
+
+def _bn_shape(specs, *, epsilon=1e-5, momentum=0.9, training_mode=0):
+    x = specs[0]
+    dt = same_dtype(specs[:1], FLOATING)
+    if training_mode:
+        raise ShapeError("BatchNormalization with training_mode=1 is not supported; the "
+                         "training package computes batch statistics with other ops")
+    return TensorSpec(x.shape, dt)
+
+
+def _channel(t, ndim):
+    return t.reshape(1, -1, *([1] * (ndim - 2)))
+
+
+def _bn_grad(ctx, g):
+    x, scale, bias, mean, var = ctx.inputs
+    eps = ctx.attrs["epsilon"]
+    nd = x.ndim
+    axes = (0, *range(2, nd))
+    inv = (var + eps) ** -0.5
+    xhat = (x - _channel(mean, nd)) * _channel(inv, nd)
+    gx = g * _channel(scale * inv, nd) if x.requires_grad else None
+    gscale = (g * xhat).sum(axis=axes) if scale.requires_grad else None
+    gbias = g.sum(axis=axes) if bias.requires_grad else None
+    gmean = (g.sum(axis=axes) * scale * inv * -1) if mean.requires_grad else None
+    gvar = None
+    if var.requires_grad:
+        gvar = (g * (x - _channel(mean, nd))).sum(axis=axes) * scale * (inv**3) * -0.5
+    return gx, gscale, gbias, gmean, gvar
+
+
+@defop("BatchNormalization", shape=_bn_shape, grad=_bn_grad)
+def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
+                        training_mode=0):
+    """Inference-mode batch normalization with running statistics."""
+    shape = (1, -1) + (1,) * (X.ndim - 2)
+    inv = (1.0 / np.sqrt(input_var.astype(np.float64) + epsilon)).astype(X.dtype)
+    mul_ = (scale * inv).reshape(shape)
+    return (X - input_mean.reshape(shape)) * mul_ + B.reshape(shape)
+
+
+def _ln_shape(specs, *, axis=-1, epsilon=1e-5, stash_type=1):
+    x = specs[0]
+    dt = same_dtype([s for s in specs], FLOATING)
+    norm_axis(axis, len(x.shape))
+    return TensorSpec(x.shape, dt)
+
+
+def _ln_grad(ctx, g):
+    x, scale = ctx.inputs[0], ctx.inputs[1]
+    bias = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    a = ctx.attrs["axis"] % x.ndim
+    axes = tuple(range(a, x.ndim))
+    lead = tuple(range(a))
+    mean = x.mean(axis=axes, keepdims=True)
+    xc = x - mean
+    rstd = ((xc * xc).mean(axis=axes, keepdims=True) + ctx.attrs["epsilon"]) ** -0.5
+    xhat = xc * rstd
+    dxhat = g * scale
+    gx = (dxhat - dxhat.mean(axis=axes, keepdims=True)
+          - xhat * (dxhat * xhat).mean(axis=axes, keepdims=True)) * rstd
+    gscale = (g * xhat).sum(axis=lead) if lead else g * xhat
+    gscale = gscale.reshape(*scale.shape) if scale.requires_grad else None
+    gbias = None
+    if bias is not None and bias.requires_grad:
+        gbias = (g.sum(axis=lead) if lead else g).reshape(*bias.shape)
+    return gx, gscale, gbias
+
+
+@defop("LayerNormalization", shape=_ln_shape, grad=_ln_grad)
+def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """ONNX LayerNormalization (opset 17), first output only."""
+    a = axis % X.ndim
+    axes = tuple(range(a, X.ndim))
+    mean = X.mean(axis=axes, keepdims=True)
+    xc = X - mean
+    var = (xc * xc).mean(axis=axes, keepdims=True)
+    y = xc / np.sqrt(var + np.asarray(epsilon, X.dtype)) * Scale
+    if B is not None:
+        y = y + B
+    return y.astype(X.dtype, copy=False)
+
+
+# softmax -----------------------------------------------------------------------------------
+
+def _softmax_shape(specs, *, axis=-1):
+    x = specs[0]
+    dt = same_dtype(specs, FLOATING)
+    norm_axis(axis, len(x.shape))
+    return TensorSpec(x.shape, dt)
+
+
+def _softmax_grad(ctx, g):
+    y = ctx.outputs[0]
+    gy = g * y
+    return gy - y * gy.sum(axis=ctx.attrs["axis"], keepdims=True)
+
+
+@defop("Softmax", shape=_softmax_shape, grad=_softmax_grad)
+def softmax(input, *, axis=-1):
+    e = np.exp(input - input.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _log_softmax_grad(ctx, g):
+    y = ctx.outputs[0]
+    return g - y.exp() * g.sum(axis=ctx.attrs["axis"], keepdims=True)
+
+
+@defop("LogSoftmax", shape=_softmax_shape, grad=_log_softmax_grad)
+def log_softmax(input, *, axis=-1):
+    shifted = input - input.max(axis=axis, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+

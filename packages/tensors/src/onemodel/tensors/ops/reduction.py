@@ -1,0 +1,135 @@
+"""Reductions over axes (ONNX opset 18 form: ``axes`` is an optional input) and ArgMax/ArgMin."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtype import NUMERIC, DType
+from .base import TensorSpec, const_ints, defop, norm_axis, same_dtype
+
+
+def _axes(data: np.ndarray, axes, noop_with_empty_axes: int):
+    if axes is None or len(axes) == 0:
+        return () if noop_with_empty_axes else None
+    return tuple(int(a) % data.ndim for a in axes)
+
+
+def _reduce_shape(specs, *, keepdims=1, noop_with_empty_axes=0):
+    x = specs[0]
+    same_dtype(specs[:1], NUMERIC)
+    axes = const_ints(specs[1] if len(specs) > 1 else None, "reduction axes")
+    nd = len(x.shape)
+    if not axes:
+        if noop_with_empty_axes:
+            return TensorSpec(x.shape, x.dtype)
+        red = set(range(nd))
+    else:
+        red = {norm_axis(int(a), nd) for a in axes}
+    if keepdims:
+        shape = tuple(1 if i in red else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in red)
+    return TensorSpec(shape, x.dtype)
+
+
+def _reduced_axes(ctx):
+    x = ctx.inputs[0]
+    axes = ctx.inputs[1] if len(ctx.inputs) > 1 else None
+    if axes is None or axes.size == 0:
+        return () if ctx.attrs["noop_with_empty_axes"] else tuple(range(x.ndim))
+    return tuple(sorted(int(a) % x.ndim for a in axes.numpy().reshape(-1)))
+
+
+def _expand_back(ctx, g):
+    """The output gradient reshaped with the reduced axes kept, broadcastable to the input."""
+    axes = _reduced_axes(ctx)
+    if not ctx.attrs["keepdims"] and axes:
+        g = g.reshape(*[1 if i in axes else d for i, d in enumerate(ctx.inputs[0].shape)])
+    return g, axes
+
+
+def _sum_grad(ctx, g):
+    g, _ = _expand_back(ctx, g)
+    return g.expand(*ctx.inputs[0].shape), None
+
+
+@defop("ReduceSum", shape=_reduce_shape, grad=_sum_grad)
+def reduce_sum(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
+    ax = _axes(data, axes, noop_with_empty_axes)
+    if ax == ():
+        return data.copy()
+    return np.sum(data, axis=ax, keepdims=bool(keepdims), dtype=data.dtype)
+
+
+def _mean_grad(ctx, g):
+    g, axes = _expand_back(ctx, g)
+    x = ctx.inputs[0]
+    count = 1
+    for a in axes:
+        count *= x.shape[a]
+    return g.expand(*x.shape) / count, None
+
+
+@defop("ReduceMean", shape=_reduce_shape, grad=_mean_grad)
+def reduce_mean(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
+    ax = _axes(data, axes, noop_with_empty_axes)
+    if ax == ():
+        return data.copy()
+    return np.mean(data, axis=ax, keepdims=bool(keepdims)).astype(data.dtype, copy=False)
+
+
+def _extreme_grad(ctx, g):
+    """The gradient goes to every element equal to the extreme, split evenly among ties."""
+    x = ctx.inputs[0]
+    y, axes = _expand_back(ctx, ctx.outputs[0])
+    g, _ = _expand_back(ctx, g)
+    hit = (x == y).cast(x.dtype)
+    count = hit.sum(axis=axes, keepdims=True)
+    return hit * (g / count), None
+
+
+@defop("ReduceMax", shape=_reduce_shape, grad=_extreme_grad)
+def reduce_max(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
+    ax = _axes(data, axes, noop_with_empty_axes)
+    if ax == ():
+        return data.copy()
+    return np.max(data, axis=ax, keepdims=bool(keepdims))
+
+
+@defop("ReduceMin", shape=_reduce_shape, grad=_extreme_grad)
+def reduce_min(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
+    ax = _axes(data, axes, noop_with_empty_axes)
+    if ax == ():
+        return data.copy()
+    return np.min(data, axis=ax, keepdims=bool(keepdims))
+
+
+def _arg_shape(specs, *, axis=0, keepdims=1, select_last_index=0):
+    x = specs[0]
+    a = norm_axis(axis, len(x.shape))
+    if keepdims:
+        shape = tuple(1 if i == a else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i != a)
+    return TensorSpec(shape, DType.I64)
+
+
+def _arg(fn, data, axis, keepdims, select_last_index):
+    if select_last_index:
+        flipped = np.flip(data, axis=axis)
+        out = data.shape[axis] - 1 - fn(flipped, axis=axis)
+    else:
+        out = fn(data, axis=axis)
+    out = out.astype(np.int64)
+    return np.expand_dims(out, axis) if keepdims else out
+
+
+@defop("ArgMax", shape=_arg_shape)
+def arg_max(data, *, axis=0, keepdims=1, select_last_index=0):
+    return _arg(np.argmax, data, axis, keepdims, select_last_index)
+
+
+@defop("ArgMin", shape=_arg_shape)
+def arg_min(data, *, axis=0, keepdims=1, select_last_index=0):
+    return _arg(np.argmin, data, axis, keepdims, select_last_index)
+

@@ -1,0 +1,412 @@
+"""Ops that move data without computing: Reshape, Transpose, Squeeze, Unsqueeze, Expand, Concat,
+Split, Slice, Gather, Pad, Shape, OneHot, and the scatter ops their gradients use."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtype import DType
+from ..errors import ShapeError
+from ..symbolic import Dim, DimExpr, add, dims_equal, floordiv, numel
+from ._grad import call, ints, unbroadcast
+from .base import TensorSpec, broadcast_shapes, const_ints, defop, norm_axis, same_dtype
+
+# Reshape -------------------------------------------------------------------------------------
+
+
+def reshape_target(in_shape, target, allowzero: int = 0) -> tuple[Dim, ...]:
+    """ONNX Reshape's target: 0 copies the input dim (unless allowzero), one -1 is inferred."""
+    out: list[Dim] = []
+    infer_at = None
+    for i, d in enumerate(target):
+        if isinstance(d, (int, np.integer)) and int(d) == 0 and not allowzero:
+            if i >= len(in_shape):
+                raise ShapeError(f"target {list(target)} copies axis {i} that the input lacks")
+            out.append(in_shape[i])
+        elif isinstance(d, (int, np.integer)) and int(d) == -1:
+            if infer_at is not None:
+                raise ShapeError(f"target {list(target)} has more than one -1")
+            infer_at = i
+            out.append(-1)
+        else:
+            out.append(d if isinstance(d, DimExpr) else int(d))
+    total = numel(in_shape)
+    if infer_at is not None:
+        known = numel([d for i, d in enumerate(out) if i != infer_at])
+        if isinstance(total, int) and isinstance(known, int):
+            if known == 0 or total % known:
+                raise ShapeError(
+                    f"cannot reshape {list(in_shape)} ({total} elements) to {list(target)}"
+                )
+            out[infer_at] = total // known
+        else:
+            out[infer_at] = floordiv(total, known)
+    elif isinstance(total, int) and isinstance(numel(out), int) and numel(out) != total:
+        raise ShapeError(f"cannot reshape {list(in_shape)} ({total} elements) to {list(target)}")
+    return tuple(out)
+
+
+def _reshape_shape(specs, *, allowzero=0):
+    x = specs[0]
+    target = const_ints(specs[1], "the Reshape target")
+    return TensorSpec(reshape_target(x.shape, target, allowzero), x.dtype)
+
+
+@defop("Reshape", shape=_reshape_shape,
+       grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
+def reshape(data, shape, *, allowzero=0):
+    return data.reshape(reshape_target(data.shape, shape.tolist(), allowzero))
+
+
+# Transpose -----------------------------------------------------------------------------------
+
+def _perm(ndim, perm):
+    return tuple(reversed(range(ndim))) if perm is None else tuple(int(p) for p in perm)
+
+
+def _transpose_shape(specs, *, perm=None):
+    x = specs[0]
+    p = _perm(len(x.shape), perm)
+    if sorted(p) != list(range(len(x.shape))):
+        raise ShapeError(f"perm {list(p)} is not a permutation of the {len(x.shape)} axes")
+    return TensorSpec(tuple(x.shape[i] for i in p), x.dtype)
+
+
+def _transpose_grad(ctx, g):
+    p = _perm(ctx.inputs[0].ndim, ctx.attrs["perm"])
+    return call("Transpose", g, perm=tuple(int(i) for i in np.argsort(p)))
+
+
+@defop("Transpose", shape=_transpose_shape, grad=_transpose_grad)
+def transpose(data, *, perm=None):
+    return np.transpose(data, _perm(data.ndim, perm))
+
+
+# Squeeze / Unsqueeze ---------------------------------------------------------------------------
+
+def _squeeze_shape(specs):
+    x = specs[0]
+    axes = const_ints(specs[1] if len(specs) > 1 else None, "Squeeze axes")
+    nd = len(x.shape)
+    if axes is None:
+        return TensorSpec(tuple(d for d in x.shape if not (isinstance(d, int) and d == 1)),
+                          x.dtype)
+    red = {norm_axis(int(a), nd) for a in axes}
+    for a in red:
+        if not (isinstance(x.shape[a], int) and x.shape[a] == 1):
+            raise ShapeError(f"cannot squeeze axis {a} of size {x.shape[a]}")
+    return TensorSpec(tuple(d for i, d in enumerate(x.shape) if i not in red), x.dtype)
+
+
+@defop("Squeeze", shape=_squeeze_shape,
+       grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
+def squeeze(data, axes=None):
+    if axes is None:
+        return np.squeeze(data)
+    return np.squeeze(data, axis=tuple(int(a) % data.ndim for a in axes))
+
+
+def _unsqueeze_shape(specs):
+    x = specs[0]
+    axes = const_ints(specs[1], "Unsqueeze axes")
+    nd = len(x.shape) + len(axes)
+    pos = sorted(norm_axis(int(a), nd) for a in axes)
+    if len(set(pos)) != len(pos):
+        raise ShapeError(f"Unsqueeze axes {list(axes)} repeat an axis")
+    out = list(x.shape)
+    for a in pos:
+        out.insert(a, 1)
+    return TensorSpec(tuple(out), x.dtype)
+
+
+@defop("Unsqueeze", shape=_unsqueeze_shape,
+       grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
+def unsqueeze(data, axes):
+    nd = data.ndim + len(axes)
+    return np.expand_dims(data, tuple(sorted(int(a) % nd for a in axes)))
+
+
+# Expand --------------------------------------------------------------------------------------
+
+def _expand_shape(specs):
+    x = specs[0]
+    target = const_ints(specs[1], "the Expand shape")
+    return TensorSpec(broadcast_shapes(x.shape, target), x.dtype)
+
+
+@defop("Expand", shape=_expand_shape,
+       grad=lambda ctx, g: (unbroadcast(g, ctx.inputs[0].shape), None))
+def expand(input, shape):
+    out = np.broadcast_shapes(input.shape, tuple(int(s) for s in shape))
+    return np.broadcast_to(input, out)
+
+
+# Concat / Split ------------------------------------------------------------------------------
+
+def _concat_shape(specs, *, axis=0):
+    dt = same_dtype(specs)
+    first = specs[0].shape
+    a = norm_axis(axis, len(first))
+    total: Dim = 0
+    for s in specs:
+        if len(s.shape) != len(first) or any(
+            i != a and not dims_equal(d, e) for i, (d, e) in enumerate(zip(s.shape, first))
+        ):
+            raise ShapeError(f"inputs must match except on axis {axis}")
+        total = add(total, s.shape[a])
+    return TensorSpec(first[:a] + (total,) + first[a + 1 :], dt)
+
+
+def _concat_grad(ctx, g):
+    a = ctx.attrs["axis"] % g.ndim
+    sizes = [t.shape[a] for t in ctx.inputs]
+    return call("Split", g, ints(sizes), axis=a) if len(sizes) > 1 else (g,)
+
+
+@defop("Concat", shape=_concat_shape, grad=_concat_grad)
+def concat(*inputs, axis=0):
+    return np.concatenate(inputs, axis=axis)
+
+
+def _split_sizes(dim, split, num_outputs):
+    if split is not None:
+        return [int(s) for s in split]
+    if num_outputs is None:
+        raise ShapeError("Split needs the split input or the num_outputs attribute")
+    if not isinstance(dim, int):
+        raise ShapeError("Split of a symbolic axis needs explicit split sizes")
+    size = -(-dim // num_outputs)
+    sizes = [size] * (dim // size) + ([dim % size] if dim % size else [])
+    return sizes
+
+
+def _split_shape(specs, *, axis=0, num_outputs=None):
+    x = specs[0]
+    a = norm_axis(axis, len(x.shape))
+    split = const_ints(specs[1] if len(specs) > 1 else None, "Split sizes")
+    sizes = _split_sizes(x.shape[a], split, num_outputs)
+    if isinstance(x.shape[a], int) and sum(sizes) != x.shape[a]:
+        raise ShapeError(f"split sizes {sizes} do not add up to axis {a} size {x.shape[a]}")
+    return [TensorSpec(x.shape[:a] + (s,) + x.shape[a + 1 :], x.dtype) for s in sizes]
+
+
+def _split_grad(ctx, *gs):
+    return call("Concat", *gs, axis=ctx.attrs["axis"]), None
+
+
+@defop("Split", shape=_split_shape, grad=_split_grad, outputs=("outputs...",))
+def split(input, split=None, *, axis=0, num_outputs=None):
+    a = axis % input.ndim
+    sizes = _split_sizes(input.shape[a], None if split is None else split.tolist(), num_outputs)
+    return tuple(np.split(input, np.cumsum(sizes)[:-1], axis=a))
+
+
+# Slice ---------------------------------------------------------------------------------------
+
+def _slice_index(shape, starts, ends, axes, steps):
+    nd = len(shape)
+    axes = list(range(len(starts))) if axes is None else [int(a) % nd for a in axes]
+    steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
+    index = [slice(None)] * nd
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        if st == 0:
+            raise ShapeError("Slice step cannot be 0")
+        dim = shape[a]
+        s, e = int(s), int(e)
+        if st > 0:
+            s = min(max(s + dim if s < 0 else s, 0), dim)
+            e = min(max(e + dim if e < 0 else e, 0), dim)
+            index[a] = slice(s, e, st)
+        else:
+            s = min(max(s + dim if s < 0 else s, -1), dim - 1)
+            e = min(max(e + dim if e < 0 else e, -1), dim - 1)
+            index[a] = slice(s, None if e < 0 else e, st)
+    return tuple(index)
+
+
+def _slice_shape(specs):
+    x = specs[0]
+    starts = const_ints(specs[1], "Slice starts")
+    ends = const_ints(specs[2], "Slice ends")
+    axes = const_ints(specs[3] if len(specs) > 3 else None, "Slice axes")
+    steps = const_ints(specs[4] if len(specs) > 4 else None, "Slice steps")
+    nd = len(x.shape)
+    axes_n = list(range(len(starts))) if axes is None else [norm_axis(int(a), nd) for a in axes]
+    out = list(x.shape)
+    for i, a in enumerate(axes_n):
+        dim = x.shape[a]
+        st = 1 if steps is None else int(steps[i])
+        s, e = int(starts[i]), int(ends[i])
+        if isinstance(dim, int):
+            idx = _slice_index((dim,), [s], [e], [0], [st])[0]
+            out[a] = len(range(*idx.indices(dim)))
+        elif st == 1 and s >= 0 and e >= 2**62:  # x[k:] of a symbolic axis
+            out[a] = add(dim, -s)
+        elif st == 1 and 0 <= s <= e < 2**62:
+            out[a] = e - s  # assumes the symbolic axis is at least e long
+        elif st == 1 and s >= 0 and e < 0:
+            out[a] = add(dim, e - s)
+        else:
+            raise ShapeError(f"cannot slice symbolic axis {a} ({dim}) with {s}:{e}:{st}")
+    return TensorSpec(tuple(out), x.dtype)
+
+
+def _slice_grad(ctx, g):
+    x, starts, ends, axes, steps = (list(ctx.inputs) + [None, None])[:5]
+    return (call("SliceGrad", g, ints(x.shape), starts, ends, axes, steps),
+            None, None, None, None)
+
+
+@defop("Slice", shape=_slice_shape, grad=_slice_grad)
+def slice_(data, starts, ends, axes=None, steps=None):
+    return data[_slice_index(data.shape, starts.tolist(), ends.tolist(),
+                             None if axes is None else axes.tolist(),
+                             None if steps is None else steps.tolist())]
+
+
+def _slice_grad_shape(specs):
+    shape = const_ints(specs[1], "SliceGrad shape")
+    return TensorSpec(tuple(shape), specs[0].dtype)
+
+
+@defop("SliceGrad", shape=_slice_grad_shape, domain="onemodel")
+def slice_grad(grad, shape, starts, ends, axes=None, steps=None):
+    """The gradient of Slice: ``grad`` written into zeros of the input's ``shape``."""
+    out = np.zeros(tuple(shape.tolist()), grad.dtype)
+    out[_slice_index(out.shape, starts.tolist(), ends.tolist(),
+                     None if axes is None else axes.tolist(),
+                     None if steps is None else steps.tolist())] = grad
+    return out
+
+
+# Gather --------------------------------------------------------------------------------------
+
+def _gather_shape(specs, *, axis=0):
+    x, idx = specs
+    if idx.dtype not in (DType.I64, DType.I32):
+        raise ShapeError(f"Gather indices must be I64 or I32, got {idx.dtype.name}")
+    a = norm_axis(axis, len(x.shape))
+    return TensorSpec(x.shape[:a] + idx.shape + x.shape[a + 1 :], x.dtype)
+
+
+def _gather_grad(ctx, g):
+    x, idx = ctx.inputs
+    return call("GatherGrad", g, idx, ints(x.shape), axis=ctx.attrs["axis"]), None
+
+
+@defop("Gather", shape=_gather_shape, grad=_gather_grad)
+def gather(data, indices, *, axis=0):
+    a = axis % data.ndim
+    idx = np.where(indices < 0, indices + data.shape[a], indices)
+    return np.take(data, idx, axis=a)
+
+
+def _gather_grad_shape(specs, *, axis=0):
+    return TensorSpec(tuple(const_ints(specs[2], "GatherGrad shape")), specs[0].dtype)
+
+
+@defop("GatherGrad", shape=_gather_grad_shape, domain="onemodel")
+def gather_grad(grad, indices, shape, *, axis=0):
+    """The gradient of Gather: ``grad`` summed into zeros of ``shape`` at ``indices``."""
+    shape = tuple(shape.tolist())
+    a = axis % len(shape)
+    idx = np.where(indices < 0, indices + shape[a], indices).reshape(-1)
+    out = np.zeros(shape, grad.dtype)
+    moved = np.moveaxis(out, a, 0)
+    g = np.moveaxis(grad.reshape(shape[:a] + (idx.size,) + shape[a + 1 :]), a, 0)
+    np.add.at(moved, idx, g)
+    return out
+
+
+# Pad -----------------------------------------------------------------------------------------
+
+def _pad_widths(ndim, pads, axes):
+    axes = list(range(ndim)) if axes is None else [int(a) % ndim for a in axes]
+    n = len(axes)
+    widths = [(0, 0)] * ndim
+    for i, a in enumerate(axes):
+        widths[a] = (int(pads[i]), int(pads[i + n]))
+    return widths
+
+
+def _pad_shape(specs, *, mode="constant"):
+    x = specs[0]
+    pads = const_ints(specs[1], "Pad pads")
+    axes = const_ints(specs[3] if len(specs) > 3 else None, "Pad axes")
+    widths = _pad_widths(len(x.shape), pads, axes)
+    return TensorSpec(tuple(add(d, b + e) for d, (b, e) in zip(x.shape, widths)), x.dtype)
+
+
+def _pad_grad(ctx, g):
+    x, pads = ctx.inputs[:2]
+    axes = ctx.inputs[3] if len(ctx.inputs) > 3 else None
+    return (call("PadGrad", g, ints(x.shape), pads, axes, mode=ctx.attrs["mode"]),
+            None, None, None)
+
+
+@defop("Pad", shape=_pad_shape, grad=_pad_grad)
+def pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
+    widths = _pad_widths(data.ndim, pads.tolist(), None if axes is None else axes.tolist())
+    if any(b < 0 or e < 0 for b, e in widths):  # negative pads crop
+        crop = tuple(slice(max(-b, 0), d - max(-e, 0)) for (b, e), d in zip(widths, data.shape))
+        data = data[crop]
+        widths = [(max(b, 0), max(e, 0)) for b, e in widths]
+    if mode == "constant":
+        value = 0 if constant_value is None else constant_value.reshape(()).item()
+        return np.pad(data, widths, mode="constant", constant_values=value)
+    if mode in ("reflect", "edge", "wrap"):
+        return np.pad(data, widths, mode=mode)
+    raise ValueError(f"Pad mode must be constant, reflect, edge or wrap, got {mode!r}")
+
+
+def _pad_grad_shape(specs, *, mode="constant"):
+    return TensorSpec(tuple(const_ints(specs[1], "PadGrad shape")), specs[0].dtype)
+
+
+@defop("PadGrad", shape=_pad_grad_shape, domain="onemodel")
+def pad_grad(grad, shape, pads, axes=None, *, mode="constant"):
+    """The gradient of Pad: every output element adds into the input element it was copied from."""
+    shape = tuple(shape.tolist())
+    size = int(np.prod(shape))
+    source = np.arange(size, dtype=np.int64).reshape(shape)
+    if mode == "constant":
+        src = pad.kernel(source, pads, np.asarray(-1, np.int64), axes, mode="constant")
+    else:
+        src = pad.kernel(source, pads, None, axes, mode=mode)
+    keep = src >= 0
+    flat = np.bincount(src[keep], weights=grad[keep].astype(np.float64), minlength=size)
+    return flat.astype(grad.dtype).reshape(shape)
+
+
+# Shape, OneHot -------------------------------------------------------------------------------
+
+def _shape_shape(specs, *, start=0, end=None):
+    x = specs[0]
+    dims = x.shape[slice(start, end)]
+    return TensorSpec((len(dims),), DType.I64, tuple(dims))
+
+
+@defop("Shape", shape=_shape_shape)
+def shape(data, *, start=0, end=None):
+    return np.asarray(data.shape[slice(start, end)], dtype=np.int64)
+
+
+def _one_hot_shape(specs, *, axis=-1):
+    idx, depth, values = specs
+    d = const_ints(depth, "OneHot depth")
+    nd = len(idx.shape) + 1
+    a = norm_axis(axis, nd)
+    out = list(idx.shape)
+    out.insert(a, int(d[0]))
+    return TensorSpec(tuple(out), values.dtype)
+
+
+@defop("OneHot", shape=_one_hot_shape)
+def one_hot(indices, depth, values, *, axis=-1):
+    d = int(np.asarray(depth).reshape(-1)[0])
+    idx = np.where(indices < 0, indices + d, indices).astype(np.int64)
+    hot = idx[..., None] == np.arange(d)
+    out = np.where(hot, values[1], values[0]).astype(values.dtype)
+    nd = indices.ndim + 1
+    return np.moveaxis(out, -1, axis % nd)
+

@@ -1,0 +1,175 @@
+"""Symbolic dimensions: shape rules accept them so one graph serves every size of a named axis.
+
+A dim is an ``int`` or a :class:`DimExpr`: a named symbol, or ``+``, ``*`` and floor division of
+dims. Expressions fold constants and have a canonical text, so two equal expressions compare equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Union
+
+from .errors import ShapeError
+
+Dim = Union[int, "DimExpr"]
+Shape = tuple[Dim, ...]
+
+
+class DimExpr:
+    """An immutable symbolic dimension expression."""
+
+    __slots__ = ("args", "kind", "text")
+
+    def __init__(self, kind: str, args: tuple):
+        self.kind = kind  # "sym", "+", "*", "//"
+        self.args = args
+        if kind == "sym":
+            self.text = args[0]
+        elif kind == "//":
+            self.text = f"({_text(args[0])} // {_text(args[1])})"
+        else:
+            self.text = "(" + f" {kind} ".join(sorted(_text(a) for a in args)) + ")"
+
+    @staticmethod
+    def symbol(name: str) -> DimExpr:
+        if not name or not isinstance(name, str):
+            raise ShapeError(f"a symbolic dimension needs a non-empty name, got {name!r}")
+        return DimExpr("sym", (name,))
+
+    # arithmetic -------------------------------------------------------------------------------
+    def __add__(self, other: Dim) -> Dim:
+        return add(self, other)
+
+    __radd__ = __add__
+
+    def __mul__(self, other: Dim) -> Dim:
+        return mul(self, other)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: Dim) -> Dim:
+        return floordiv(self, other)
+
+    def __rfloordiv__(self, other: Dim) -> Dim:
+        return floordiv(other, self)
+
+    def __sub__(self, other: Dim) -> Dim:
+        return add(self, mul(other, -1))
+
+    def __rsub__(self, other: Dim) -> Dim:
+        return add(other, mul(self, -1))
+
+    # identity ---------------------------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DimExpr) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __str__(self) -> str:
+        t = self.text
+        return t[1:-1] if t.startswith("(") and t.endswith(")") else t
+
+    def __repr__(self) -> str:
+        return f"DimExpr({str(self)!r})"
+
+    def symbols(self) -> set[str]:
+        if self.kind == "sym":
+            return {self.args[0]}
+        out: set[str] = set()
+        for a in self.args:
+            if isinstance(a, DimExpr):
+                out |= a.symbols()
+        return out
+
+    def evaluate(self, bindings: Mapping[str, int]) -> int:
+        """The integer value once every symbol is bound."""
+        if self.kind == "sym":
+            try:
+                return int(bindings[self.args[0]])
+            except KeyError:
+                raise ShapeError(f"symbol {self.args[0]!r} is not bound") from None
+        vals = [evaluate(a, bindings) for a in self.args]
+        if self.kind == "+":
+            return sum(vals)
+        if self.kind == "*":
+            out = 1
+            for v in vals:
+                out *= v
+            return out
+        return vals[0] // vals[1]
+
+
+def _text(d: Dim) -> str:
+    return d.text if isinstance(d, DimExpr) else str(int(d))
+
+
+def _terms(d: Dim, kind: str) -> list[Dim]:
+    return list(d.args) if isinstance(d, DimExpr) and d.kind == kind else [d]
+
+
+def add(a: Dim, b: Dim) -> Dim:
+    terms = _terms(a, "+") + _terms(b, "+")
+    const = sum(int(t) for t in terms if not isinstance(t, DimExpr))
+    syms = [t for t in terms if isinstance(t, DimExpr)]
+    if not syms:
+        return const
+    args = tuple(syms) + ((const,) if const else ())
+    return args[0] if len(args) == 1 else DimExpr("+", args)
+
+
+def mul(a: Dim, b: Dim) -> Dim:
+    factors = _terms(a, "*") + _terms(b, "*")
+    const = 1
+    for t in factors:
+        if not isinstance(t, DimExpr):
+            const *= int(t)
+    syms = [t for t in factors if isinstance(t, DimExpr)]
+    if not syms or const == 0:
+        return const
+    args = tuple(syms) + ((const,) if const != 1 else ())
+    return args[0] if len(args) == 1 else DimExpr("*", args)
+
+
+def floordiv(a: Dim, b: Dim) -> Dim:
+    if not isinstance(a, DimExpr) and not isinstance(b, DimExpr):
+        return int(a) // int(b)
+    if not isinstance(b, DimExpr) and int(b) == 1:
+        return a
+    if isinstance(a, DimExpr) and a.kind == "*" and not isinstance(b, DimExpr):
+        # (s * 6) // 3 -> s * 2 when the constant factor divides exactly
+        consts = [x for x in a.args if not isinstance(x, DimExpr)]
+        if consts and consts[0] % int(b) == 0:
+            rest = [x for x in a.args if isinstance(x, DimExpr)]
+            out: Dim = consts[0] // int(b)
+            for r in rest:
+                out = mul(out, r)
+            return out
+    if a == b:
+        return 1
+    return DimExpr("//", (a, b))
+
+
+def evaluate(d: Dim, bindings: Mapping[str, int]) -> int:
+    return d.evaluate(bindings) if isinstance(d, DimExpr) else int(d)
+
+
+def is_static(shape: Sequence[Dim]) -> bool:
+    return not any(isinstance(d, DimExpr) for d in shape)
+
+
+def dims_equal(a: Dim, b: Dim) -> bool:
+    if isinstance(a, DimExpr) or isinstance(b, DimExpr):
+        return a == b
+    return int(a) == int(b)
+
+
+def format_shape(shape: Sequence[Dim]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def numel(shape: Sequence[Dim]) -> Dim:
+    out: Dim = 1
+    for d in shape:
+        out = mul(out, d)
+    return out

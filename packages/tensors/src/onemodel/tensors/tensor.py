@@ -1,0 +1,694 @@
+"""The Tensor: a numpy array with a dtype, autograd state and the methods users expect.
+
+Every method that computes goes through :func:`onemodel.tensors.dispatch.dispatch` with an op of
+the op set, so eager code, gradients and (later) tracing all see the same ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .dtype import DType, result_dtype
+from .errors import AutogradError, OneModelError, ShapeError
+from .generator import Generator, default_generator
+
+_I64 = np.dtype(np.int64)
+
+
+def _ints(values) -> np.ndarray:
+    return np.asarray(values, dtype=_I64)
+
+
+class Tensor:
+    """An n-dimensional array of one :class:`DType`, with autograd.
+
+    Create tensors with the class methods (``Tensor.zeros(DType.F32, 4, 1)``,
+    ``Tensor.from_data([1, 2], 2, 1)``, ``Tensor.from_numpy(a)``) or by computing with others.
+    """
+
+    __slots__ = ("_data", "_index", "_node", "grad", "requires_grad", "__weakref__")
+    __array_priority__ = 1000  # numpy defers to our operators: ndarray + Tensor -> Tensor
+
+    def __init__(self, data, dtype: DType | str | None = None, requires_grad: bool = False):
+        if isinstance(data, Tensor):
+            data = data._data
+        arr = np.asarray(data, dtype=None if dtype is None else DType.of(dtype).numpy)
+        if dtype is None and arr.dtype == np.float64 and not isinstance(data, np.ndarray):
+            arr = arr.astype(np.float32)  # Python floats default to F32, as in PyTorch
+        DType.from_numpy(arr.dtype)  # refuse dtypes we have no DType for
+        self._data = arr
+        self.requires_grad = bool(requires_grad)
+        self.grad = None
+        self._node = None
+        self._index = 0
+
+    @classmethod
+    def _wrap(cls, arr: np.ndarray) -> Tensor:
+        t = object.__new__(cls)
+        t._data = arr
+        t.requires_grad = False
+        t.grad = None
+        t._node = None
+        t._index = 0
+        return t
+
+    # creation ---------------------------------------------------------------------------------
+    @classmethod
+    def zeros(cls, *shape, dtype=None) -> Tensor:
+        """``Tensor.zeros(DType.F32, 4, 1)``, ``Tensor.zeros(4, 1)`` or ``Tensor.zeros((4, 1))``."""
+        dt, dims = _dtype_and_shape(shape, dtype)
+        return cls._wrap(np.zeros(dims, dt.numpy))
+
+    @classmethod
+    def ones(cls, *shape, dtype=None) -> Tensor:
+        dt, dims = _dtype_and_shape(shape, dtype)
+        return cls._wrap(np.ones(dims, dt.numpy))
+
+    @classmethod
+    def full(cls, shape, value, dtype=None) -> Tensor:
+        dt = DType.F32 if dtype is None else DType.of(dtype)
+        return cls._wrap(np.full(_shape_tuple(shape), value, dt.numpy))
+
+    @classmethod
+    def arange(cls, start, stop=None, step=1, dtype=None) -> Tensor:
+        if stop is None:
+            start, stop = 0, start
+        if dtype is None:
+            ints = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
+            dtype = DType.I64 if ints else DType.F32
+        return cls._wrap(np.arange(start, stop, step, dtype=DType.of(dtype).numpy))
+
+    @classmethod
+    def from_data(cls, values, *shape, dtype=DType.F32) -> Tensor:
+        """A tensor holding ``values`` (a flat or nested sequence), reshaped to ``shape`` if given."""
+        arr = np.array(values, dtype=DType.of(dtype).numpy)
+        if shape:
+            dims = _shape_tuple(shape)
+            if int(np.prod(dims)) != arr.size:
+                raise ShapeError(
+                    f"from_data: {arr.size} values do not fill shape {list(dims)} "
+                    f"({int(np.prod(dims))} elements)"
+                )
+            arr = arr.reshape(dims)
+        return cls._wrap(arr)
+
+    @classmethod
+    def from_numpy(cls, array: np.ndarray) -> Tensor:
+        """Wrap ``array`` without copying: changes to one show in the other."""
+        if not isinstance(array, np.ndarray):
+            raise OneModelError(f"from_numpy expects a numpy array, got {type(array).__name__}")
+        DType.from_numpy(array.dtype)
+        return cls._wrap(array)
+
+    @classmethod
+    def rand(cls, *shape, generator: Generator | None = None, dtype=DType.F32) -> Tensor:
+        """Uniform samples in [0, 1) from ``generator``."""
+        g = generator or default_generator
+        return cls._wrap(g.uniform(_shape_tuple(shape), dtype=dtype))
+
+    @classmethod
+    def randn(cls, *shape, generator: Generator | None = None, dtype=DType.F32) -> Tensor:
+        """Standard normal samples from ``generator``."""
+        g = generator or default_generator
+        return cls._wrap(g.normal(_shape_tuple(shape), dtype=dtype))
+
+    # properties -------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._data.shape
+
+    @property
+    def dtype(self) -> DType:
+        return DType.from_numpy(self._data.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim
+
+    @property
+    def size(self) -> int:
+        return self._data.size
+
+    def numel(self) -> int:
+        return self._data.size
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._node is None
+
+    def __len__(self) -> int:
+        if not self._data.ndim:
+            raise OneModelError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    # reading data -----------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """The data as a numpy array (shared, not copied)."""
+        return self._data
+
+    def to_array(self) -> list:
+        """The data as a flat Python list."""
+        return self._data.reshape(-1).tolist()
+
+    def tolist(self):
+        return self._data.tolist()
+
+    def item(self):
+        if self._data.size != 1:
+            raise OneModelError(
+                f"item() needs a one-element tensor, this one has shape {list(self.shape)}"
+            )
+        return self._data.reshape(()).item()
+
+    def __array__(self, dtype=None, copy=None):
+        if dtype is not None and np.dtype(dtype) != self._data.dtype:
+            return self._data.astype(dtype)
+        return self._data.copy() if copy else self._data
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.is_floating or self._data.size != 1:
+            raise OneModelError("only one-element integer tensors can be used as an index")
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        if self._data.size != 1:
+            raise OneModelError(
+                f"the truth value of a tensor of shape {list(self.shape)} is ambiguous; "
+                "use .any() or .all()"
+            )
+        return bool(self._data.reshape(()))
+
+    def __repr__(self) -> str:
+        body = np.array2string(self._data, separator=", ", precision=4, threshold=50,
+                               prefix="Tensor(")
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor({body}, dtype={self.dtype.name}, shape={list(self.shape)}{extra})"
+
+    # autograd ---------------------------------------------------------------------------------
+    def backward(self, gradient=None, *, retain_graph: bool = False,
+                 create_graph: bool = False) -> None:
+        from .autograd import backward
+
+        backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph)
+
+    def detach(self) -> Tensor:
+        """The same data, cut from the gradient tape."""
+        return Tensor._wrap(self._data)
+
+    def requires_grad_(self, flag: bool = True) -> Tensor:
+        if self._node is not None and not flag:
+            raise AutogradError("requires_grad_(False) on a non-leaf tensor; use detach()")
+        if flag and not self.dtype.is_floating:
+            raise AutogradError(f"only floating tensors can require grad, not {self.dtype.name}")
+        self.requires_grad = flag
+        return self
+
+    def clone(self) -> Tensor:
+        return _call("Identity", self) if self.requires_grad else Tensor._wrap(self._data.copy())
+
+    # arithmetic -------------------------------------------------------------------------------
+    def __add__(self, other):
+        return _binary("Add", self, other)
+
+    def __radd__(self, other):
+        return _binary("Add", other, self)
+
+    def __sub__(self, other):
+        return _binary("Sub", self, other)
+
+    def __rsub__(self, other):
+        return _binary("Sub", other, self)
+
+    def __mul__(self, other):
+        return _binary("Mul", self, other)
+
+    def __rmul__(self, other):
+        return _binary("Mul", other, self)
+
+    def __truediv__(self, other):
+        return _binary("Div", self, other)
+
+    def __rtruediv__(self, other):
+        return _binary("Div", other, self)
+
+    def __pow__(self, other):
+        return _binary("Pow", self, other)
+
+    def __rpow__(self, other):
+        return _binary("Pow", other, self)
+
+    def __matmul__(self, other):
+        return _binary("MatMul", self, other)
+
+    def __rmatmul__(self, other):
+        return _binary("MatMul", other, self)
+
+    def __neg__(self):
+        return _call("Neg", self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return _call("Abs", self)
+
+    def __eq__(self, other):  # type: ignore[override]
+        return _binary("Equal", self, other)
+
+    def __ne__(self, other):  # type: ignore[override]
+        return _call("Not", _binary("Equal", self, other))
+
+    def __lt__(self, other):
+        return _binary("Less", self, other)
+
+    def __le__(self, other):
+        return _binary("LessOrEqual", self, other)
+
+    def __gt__(self, other):
+        return _binary("Greater", self, other)
+
+    def __ge__(self, other):
+        return _binary("GreaterOrEqual", self, other)
+
+    def __invert__(self):
+        return _call("Not", self)
+
+    def __and__(self, other):
+        return _binary("And", self, other)
+
+    def __or__(self, other):
+        return _binary("Or", self, other)
+
+    __hash__ = object.__hash__
+
+    def add(self, other, alpha=1):
+        return self + (other * alpha if alpha != 1 else other)
+
+    def sub(self, other, alpha=1):
+        return self - (other * alpha if alpha != 1 else other)
+
+    def mul(self, other):
+        return self * other
+
+    def div(self, other):
+        return self / other
+
+    def pow(self, exponent):
+        return self**exponent
+
+    def matmul(self, other):
+        return self @ other
+
+    # elementwise functions --------------------------------------------------------------------
+    def exp(self):
+        return _call("Exp", self)
+
+    def log(self):
+        return _call("Log", self)
+
+    def sqrt(self):
+        return _call("Sqrt", self)
+
+    def abs(self):
+        return _call("Abs", self)
+
+    def sign(self):
+        return _call("Sign", self)
+
+    def neg(self):
+        return _call("Neg", self)
+
+    def tanh(self):
+        return _call("Tanh", self)
+
+    def sigmoid(self):
+        return _call("Sigmoid", self)
+
+    def relu(self):
+        return _call("Relu", self)
+
+    def erf(self):
+        return _call("Erf", self)
+
+    def gelu(self, approximate: str = "none"):
+        return _call("Gelu", self, approximate=approximate)
+
+    def softmax(self, axis: int = -1):
+        return _call("Softmax", self, axis=axis)
+
+    def log_softmax(self, axis: int = -1):
+        return _call("LogSoftmax", self, axis=axis)
+
+    def clip(self, min=None, max=None):  # noqa: A002 - numpy's names
+        lo = None if min is None else _scalar_like(min, self)
+        hi = None if max is None else _scalar_like(max, self)
+        return _call("Clip", self, lo, hi)
+
+    clamp = clip
+
+    def where(self, condition, other):
+        """``condition ? self : other`` (PyTorch's ``Tensor.where``)."""
+        return where(condition, self, other)
+
+    def cast(self, dtype) -> Tensor:
+        dt = DType.of(dtype)
+        if dt is self.dtype:
+            return self
+        return _call("Cast", self, to=dt)
+
+    astype = cast
+
+    # reductions -------------------------------------------------------------------------------
+    def sum(self, axis=None, keepdims: bool = False):
+        return _reduce("ReduceSum", self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims: bool = False):
+        return _reduce("ReduceMean", self, axis, keepdims)
+
+    def max(self, axis=None, keepdims: bool = False):
+        return _reduce("ReduceMax", self, axis, keepdims)
+
+    def min(self, axis=None, keepdims: bool = False):
+        return _reduce("ReduceMin", self, axis, keepdims)
+
+    def var(self, axis=None, keepdims: bool = False, correction: int = 1):
+        """Variance; ``correction=1`` (PyTorch's default) divides by N - 1, ``0`` by N."""
+        mean = self.mean(axis, keepdims=True)
+        sq = (self - mean) ** 2
+        n = self.size // max(sq.sum(axis, keepdims=True).size, 1)
+        return sq.sum(axis, keepdims=keepdims) / max(n - correction, 0)
+
+    def std(self, axis=None, keepdims: bool = False, correction: int = 1):
+        return self.var(axis, keepdims, correction).sqrt()
+
+    def argmax(self, axis=None, keepdims: bool = False):
+        return _arg("ArgMax", self, axis, keepdims)
+
+    def argmin(self, axis=None, keepdims: bool = False):
+        return _arg("ArgMin", self, axis, keepdims)
+
+    def any(self):
+        return Tensor._wrap(np.asarray(self._data.any()))
+
+    def all(self):
+        return Tensor._wrap(np.asarray(self._data.all()))
+
+    # shapes -----------------------------------------------------------------------------------
+    def reshape(self, *shape):
+        return _call("Reshape", self, _const(_shape_tuple(shape)))
+
+    view = reshape
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1):
+        nd = self.ndim
+        if nd == 0:
+            return self.reshape(1)
+        s, e = start_dim % nd, end_dim % nd
+        if s > e:
+            raise ShapeError(f"flatten: start_dim {start_dim} is after end_dim {end_dim}")
+        dims = self.shape
+        new = list(dims[:s]) + [int(np.prod(dims[s : e + 1], dtype=np.int64))] + list(dims[e + 1 :])
+        return self.reshape(*new)
+
+    def transpose(self, dim0: int = -2, dim1: int = -1):
+        nd = self.ndim
+        perm = list(range(nd))
+        a, b = dim0 % nd, dim1 % nd
+        perm[a], perm[b] = perm[b], perm[a]
+        return _call("Transpose", self, perm=tuple(perm))
+
+    def permute(self, *dims):
+        return _call("Transpose", self, perm=tuple(int(d) for d in _shape_tuple(dims)))
+
+    @property
+    def T(self):  # noqa: N802
+        return _call("Transpose", self, perm=tuple(reversed(range(self.ndim))))
+
+    @property
+    def mT(self):  # noqa: N802
+        return self.transpose(-2, -1)
+
+    def squeeze(self, axis=None):
+        if axis is None:
+            return _call("Squeeze", self)
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        return _call("Squeeze", self, _const(axes))
+
+    def unsqueeze(self, axis):
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        return _call("Unsqueeze", self, _const(axes))
+
+    def expand(self, *shape):
+        dims = list(_shape_tuple(shape))
+        off = len(dims) - self.ndim
+        for i, d in enumerate(dims):
+            if d == -1:
+                if i < off:
+                    raise ShapeError("expand: -1 is not allowed for a new leading axis")
+                dims[i] = self.shape[i - off]
+        return _call("Expand", self, _const(dims))
+
+    def expand_as(self, other: Tensor):
+        return self.expand(*other.shape)
+
+    def split(self, split_size_or_sections, axis: int = 0):
+        return split(self, split_size_or_sections, axis)
+
+    def chunk(self, chunks: int, axis: int = 0):
+        return _call("Split", self, axis=axis, num_outputs=chunks)
+
+    # indexing ---------------------------------------------------------------------------------
+    def __getitem__(self, index):
+        from .indexing import getitem
+
+        return getitem(self, index)
+
+    def __setitem__(self, index, value):
+        from .indexing import numpy_index
+
+        self._check_inplace("__setitem__")
+        self._data[numpy_index(index)] = _as_array(value, self)
+
+    # in place (for eager code such as optimizers) -----------------------------------------------
+    def _check_inplace(self, what: str) -> None:
+        if self.requires_grad and self._node is None and _grad_enabled():
+            raise AutogradError(
+                f"{what} on a leaf tensor that requires grad would be lost by autograd; "
+                "do it under `with no_grad():` (as optimizers do) or on a detached copy"
+            )
+        if self._node is not None and _grad_enabled():
+            raise AutogradError(
+                f"{what} on a tensor that is part of a gradient graph is not supported; "
+                "write x = x + y instead of changing x in place"
+            )
+
+    def _inplace(self, what: str, ufunc, other) -> Tensor:
+        self._check_inplace(what)
+        ufunc(self._data, _as_array(other, self), out=self._data, casting="unsafe")
+        return self
+
+    def add_(self, other, alpha=1):
+        return self._inplace("add_", np.add, other if alpha == 1 else _as_array(other, self) * alpha)
+
+    def sub_(self, other, alpha=1):
+        return self._inplace("sub_", np.subtract,
+                             other if alpha == 1 else _as_array(other, self) * alpha)
+
+    def mul_(self, other):
+        return self._inplace("mul_", np.multiply, other)
+
+    def div_(self, other):
+        return self._inplace("div_", np.true_divide, other)
+
+    def fill_(self, value):
+        self._check_inplace("fill_")
+        self._data[...] = value
+        return self
+
+    def zero_(self):
+        return self.fill_(0)
+
+    def copy_(self, src):
+        self._check_inplace("copy_")
+        self._data[...] = _as_array(src, self)
+        return self
+
+    def __iadd__(self, other):
+        return self.add_(other)
+
+    def __isub__(self, other):
+        return self.sub_(other)
+
+    def __imul__(self, other):
+        return self.mul_(other)
+
+    def __itruediv__(self, other):
+        return self.div_(other)
+
+
+# helpers -----------------------------------------------------------------------------------------
+
+def _grad_enabled() -> bool:
+    from .autograd import grad_mode
+
+    return grad_mode.enabled
+
+
+def _shape_tuple(shape) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    return tuple(int(d) for d in shape)
+
+
+def _dtype_and_shape(args, dtype) -> tuple[DType, tuple[int, ...]]:
+    if args and isinstance(args[0], (DType, str)):
+        dtype, args = args[0], args[1:]
+    return (DType.F32 if dtype is None else DType.of(dtype)), _shape_tuple(args)
+
+
+def _const(values) -> Tensor:
+    return Tensor._wrap(_ints(values))
+
+
+def _as_array(value, like: Tensor) -> np.ndarray:
+    if isinstance(value, Tensor):
+        return value._data
+    return np.asarray(value, dtype=like._data.dtype)
+
+
+def _scalar_like(value, like: Tensor) -> Tensor:
+    if isinstance(value, Tensor):
+        return value if value._data.dtype == like._data.dtype else value.cast(like.dtype)
+    return Tensor._wrap(np.asarray(value, dtype=like._data.dtype))
+
+
+def _binary(op: str, a, b):
+    """Promote operands as PyTorch does (Python scalars take the tensor's dtype) and dispatch."""
+    if a.__class__ is not Tensor and not isinstance(a, Tensor):
+        a = _operand(a, b)
+    if b.__class__ is not Tensor and not isinstance(b, Tensor):
+        b = _operand(b, a)
+    if a._data.dtype != b._data.dtype:
+        dt = result_dtype(a.dtype, b.dtype)
+        a, b = a.cast(dt), b.cast(dt)
+    return dispatch(op, (a, b))
+
+
+def _operand(value, other: Tensor) -> Tensor:
+    """A non-tensor operand as a tensor: Python scalars adopt ``other``'s dtype unless that loses
+    their kind (a float with an int tensor gives F32, an int with a BOOL tensor gives I64)."""
+    if isinstance(value, np.ndarray):
+        return Tensor.from_numpy(value)
+    dt = other._data.dtype
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, float) and dt.kind in "iub":
+        dt = np.dtype(np.float32)
+    elif isinstance(value, int) and dt.kind == "b":
+        dt = _I64
+    return Tensor._wrap(np.asarray(value, dtype=dt))
+
+
+def _call(op: str, *inputs, **attrs):
+    return dispatch(op, inputs, attrs)
+
+
+def _reduce(op: str, x: Tensor, axis, keepdims: bool):
+    if axis is None:
+        return dispatch(op, (x,), {"keepdims": int(keepdims)})
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    return dispatch(op, (x, _const(axes)), {"keepdims": int(keepdims)})
+
+
+def _arg(op: str, x: Tensor, axis, keepdims: bool):
+    if axis is None:
+        return dispatch(op, (x.reshape(-1),), {"axis": 0, "keepdims": int(keepdims)})
+    return dispatch(op, (x,), {"axis": int(axis), "keepdims": int(keepdims)})
+
+
+# functions that take several tensors --------------------------------------------------------------
+
+def where(condition, x, y) -> Tensor:
+    """Elementwise ``condition ? x : y`` with broadcasting."""
+    if not isinstance(condition, Tensor):
+        condition = Tensor._wrap(np.asarray(condition, dtype=bool))
+    if not isinstance(x, Tensor) and not isinstance(y, Tensor):
+        raise OneModelError("where: x or y must be a Tensor")
+    if not isinstance(x, Tensor):
+        x = _operand(x, y)
+    if not isinstance(y, Tensor):
+        y = _operand(y, x)
+    if x._data.dtype != y._data.dtype:
+        dt = result_dtype(x.dtype, y.dtype)
+        x, y = x.cast(dt), y.cast(dt)
+    return dispatch("Where", (condition, x, y))
+
+
+def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join tensors along an existing axis."""
+    tensors = list(tensors)
+    if not tensors:
+        raise OneModelError("concat needs at least one tensor")
+    dt = result_dtype(*[t.dtype for t in tensors])
+    return dispatch("Concat", tuple(t.cast(dt) for t in tensors), {"axis": int(axis)})
+
+
+cat = concat
+
+
+def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join tensors along a new axis."""
+    tensors = list(tensors)
+    if not tensors:
+        raise OneModelError("stack needs at least one tensor")
+    nd = tensors[0].ndim + 1
+    ax = axis % nd
+    return concat([t.unsqueeze(ax) for t in tensors], ax)
+
+
+def split(x: Tensor, split_size_or_sections, axis: int = 0) -> tuple[Tensor, ...]:
+    """PyTorch's split: an int is the size of each piece (the last may be smaller), a list the
+    size of every piece."""
+    n = x.shape[axis]
+    if isinstance(split_size_or_sections, int):
+        size = split_size_or_sections
+        sections = [size] * (n // size) + ([n % size] if n % size else [])
+    else:
+        sections = [int(s) for s in split_size_or_sections]
+    if sum(sections) != n:
+        raise ShapeError(f"split: sections {sections} do not add up to axis {axis} size {n}")
+    out = dispatch("Split", (x, _const(sections)), {"axis": int(axis)})
+    return out if isinstance(out, tuple) else (out,)
+
+
+def zeros_like(t: Tensor) -> Tensor:
+    return Tensor._wrap(np.zeros_like(t._data))
+
+
+def ones_like(t: Tensor) -> Tensor:
+    return Tensor._wrap(np.ones_like(t._data))
+
+
+def tensor(data: Any, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Build a tensor from nested data; Python floats become F32, ints I64."""
+    return Tensor(data, dtype=dtype, requires_grad=requires_grad)
+
+
+def as_tensors(values: Iterable) -> list[Tensor]:
+    return [v if isinstance(v, Tensor) else tensor(v) for v in values]
+
+
+from .dispatch import dispatch  # noqa: E402 - dispatch needs Tensor defined first
