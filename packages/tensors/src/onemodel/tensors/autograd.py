@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -82,17 +83,29 @@ def _on_enter(enabled: bool) -> None:
 class Node:
     """One recorded op application: what its gradient rule needs.
 
-    ``inputs`` are the input Tensors, ``outputs`` detached Tensors sharing the outputs' data (so
-    no reference cycle keeps activations alive), ``attrs`` the op's full attributes.
+    ``inputs`` are the input Tensors and ``attrs`` the op's full attributes. ``outputs`` are the
+    output Tensors while they are alive (so second derivatives flow through them), otherwise
+    detached Tensors over the saved data: the node holds no strong reference to its outputs, and
+    no reference cycle keeps activations alive.
     """
 
-    __slots__ = ("attrs", "inputs", "op", "outputs")
+    __slots__ = ("_saved", "attrs", "inputs", "op")
 
     def __init__(self, op: OpDef, inputs: tuple, attrs: dict[str, Any], outputs: tuple):
         self.op = op
         self.inputs = inputs
         self.attrs = attrs
-        self.outputs = outputs
+        self._saved = tuple((weakref.ref(o), o._data) for o in outputs)
+
+    @property
+    def outputs(self) -> tuple:
+        from .tensor import Tensor
+
+        out = []
+        for ref, data in self._saved:
+            t = ref()
+            out.append(Tensor._wrap(data) if t is None else t)
+        return tuple(out)
 
     def __repr__(self) -> str:
         return f"<Node {self.op.name}>"
@@ -125,8 +138,9 @@ def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
         _accumulate(root, gradient)
         return
 
+    retain_graph = retain_graph or create_graph  # as in PyTorch
     order = _topological(root._node)
-    pending: dict[int, list] = {id(root._node): [None] * len(root._node.outputs)}
+    pending: dict[int, list] = {id(root._node): [None] * len(root._node._saved)}
     pending[id(root._node)][root._index] = gradient
     prev = grad_mode.enabled
     grad_mode.enabled = create_graph
@@ -159,7 +173,7 @@ def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
                 if inp._node is None:
                     _accumulate(inp, g)
                 else:
-                    slot = pending.setdefault(id(inp._node), [None] * len(inp._node.outputs))
+                    slot = pending.setdefault(id(inp._node), [None] * len(inp._node._saved))
                     prev_g = slot[inp._index]
                     slot[inp._index] = g if prev_g is None else prev_g + g
             if not retain_graph:
@@ -183,19 +197,29 @@ def _accumulate(leaf: Tensor, g: Tensor) -> None:
 
 
 def _topological(start: Node) -> list[Node]:
-    """Nodes reachable from ``start``, each before the nodes it depends on."""
-    order: list[Node] = []
-    seen = {id(start)}
-    stack: list[tuple[Node, bool]] = [(start, False)]
+    """Nodes reachable from ``start``, each after every node that consumes its outputs."""
+    consumers: dict[int, int] = {id(start): 0}
+    nodes = {id(start): start}
+    stack = [start]
     while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        stack.append((node, True))
+        node = stack.pop()
         for inp in node.inputs or ():
-            if inp is not None and inp._node is not None and id(inp._node) not in seen:
-                seen.add(id(inp._node))
-                stack.append((inp._node, False))
-    order.reverse()
+            if inp is not None and inp._node is not None:
+                key = id(inp._node)
+                if key not in consumers:
+                    consumers[key] = 0
+                    nodes[key] = inp._node
+                    stack.append(inp._node)
+                consumers[key] += 1
+    order: list[Node] = []
+    ready = [start]
+    while ready:
+        node = ready.pop()
+        order.append(node)
+        for inp in node.inputs or ():
+            if inp is not None and inp._node is not None:
+                key = id(inp._node)
+                consumers[key] -= 1
+                if consumers[key] == 0:
+                    ready.append(inp._node)
     return order

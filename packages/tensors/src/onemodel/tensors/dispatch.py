@@ -52,7 +52,7 @@ def dispatch(op: str, inputs: Sequence[Tensor | None], attrs: dict[str, Any] | N
 
 def _record(opdef: OpDef, inputs: tuple, attrs, result) -> None:
     outs = result if isinstance(result, tuple) else (result,)
-    node = Node(opdef, inputs, opdef.full_attrs(attrs), tuple(Tensor._wrap(o._data) for o in outs))
+    node = Node(opdef, inputs, opdef.full_attrs(attrs), outs)
     for i, o in enumerate(outs):
         o.requires_grad = True
         o._node = node

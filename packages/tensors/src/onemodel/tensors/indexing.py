@@ -29,8 +29,8 @@ def getitem(x: Tensor, index) -> Tensor:
     n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
     if sum(1 for i in items if i is Ellipsis) > 1:
         raise OneModelError("an index can hold only one Ellipsis (...)")
-    if Ellipsis in items:
-        at = items.index(Ellipsis)
+    if any(i is Ellipsis for i in items):
+        at = next(k for k, i in enumerate(items) if i is Ellipsis)
         items[at : at + 1] = [slice(None)] * (x.ndim - n_real)
     elif n_real < x.ndim:
         items += [slice(None)] * (x.ndim - n_real)
@@ -42,6 +42,14 @@ def getitem(x: Tensor, index) -> Tensor:
             "only one integer-array index per indexing expression is supported; "
             "index one axis at a time"
         )
+
+    # numpy (and PyTorch): when integers and an array index are separated by a slice, the
+    # array's axes go first in the result
+    advanced = [k for k, i in enumerate(items)
+                if _is_array_index(i) or (arrays and isinstance(i, (int, np.integer)))]
+    to_front = bool(arrays) and advanced[-1] - advanced[0] + 1 != len(advanced)
+    if to_front and any(i is None for i in items):
+        raise OneModelError("None cannot be combined with separated integer and array indices")
 
     starts, ends, axes, steps = [], [], [], []
     squeeze, unsqueeze, gather = [], [], None
@@ -97,6 +105,11 @@ def getitem(x: Tensor, index) -> Tensor:
         squeeze = [a + idx.ndim - 1 if a > at else a for a in squeeze]
     if squeeze:
         y = _call("Squeeze", y, _const(squeeze))
+    if to_front:
+        at = gather[0] - sum(1 for s in squeeze if s < gather[0])
+        n = gather[1].ndim
+        rest = [a for a in range(y.ndim) if not at <= a < at + n]
+        y = _call("Transpose", y, perm=tuple(range(at, at + n)) + tuple(rest))
     if unsqueeze:
         y = _call("Unsqueeze", y, _const(unsqueeze))
     return y

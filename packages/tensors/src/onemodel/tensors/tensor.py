@@ -576,12 +576,17 @@ def _scalar_like(value, like: Tensor) -> Tensor:
 
 
 def _binary(op: str, a, b):
-    """Promote operands as PyTorch does (Python scalars take the tensor's dtype) and dispatch."""
-    if a.__class__ is not Tensor and not isinstance(a, Tensor):
+    """Promote operands as PyTorch does and dispatch: a Python scalar takes the tensor's dtype
+    (or F32 for a float with an integer tensor); two tensors promote as numpy does."""
+    if not isinstance(a, Tensor):
         a = _operand(a, b)
-    if b.__class__ is not Tensor and not isinstance(b, Tensor):
+        if a._data.dtype != b._data.dtype:
+            return dispatch(op, (a, b.cast(a.dtype)))
+    elif not isinstance(b, Tensor):
         b = _operand(b, a)
-    if a._data.dtype != b._data.dtype:
+        if a._data.dtype != b._data.dtype:
+            return dispatch(op, (a.cast(b.dtype), b))
+    elif a._data.dtype != b._data.dtype:
         dt = result_dtype(a.dtype, b.dtype)
         a, b = a.cast(dt), b.cast(dt)
     return dispatch(op, (a, b))

@@ -1,0 +1,13 @@
+import pytest
+
+from onemodel.tensors import registry
+
+
+@pytest.fixture
+def isolated_registry(monkeypatch):
+    """A registry that loads no installed plugin: only the built-in reference kernels."""
+    monkeypatch.setenv(registry.ENV_NO_AUTOLOAD, "1")
+    registry.reset()
+    yield registry
+    monkeypatch.undo()
+    registry.reset()
