@@ -50,6 +50,25 @@ def dispatch(op: str, inputs: Sequence[Tensor | None], attrs: dict[str, Any] | N
     return result
 
 
+def dispatch_binary(op: str, a: Tensor, b: Tensor):
+    """:func:`dispatch` for the common two-input, no-attribute call (Python operators)."""
+    da, db = a._data, b._data
+    entry = _cache.get((op, da.dtype, db.dtype))
+    if entry is None:
+        entry = _select(op, (a, b), None)
+    opdef, kernel = entry
+    if kernel.__class__ is _Chooser:
+        kernel = kernel.choose((da, db), None)
+    try:
+        out = kernel(da, db)
+    except (ValueError, IndexError, TypeError) as exc:
+        raise _explain(opdef, (a, b), None, exc) from None
+    t = Tensor._wrap(out)
+    if (a.requires_grad or b.requires_grad) and grad_mode.enabled and opdef.grad is not None:
+        _record(opdef, (a, b), None, t)
+    return t
+
+
 def _record(opdef: OpDef, inputs: tuple, attrs, result) -> None:
     outs = result if isinstance(result, tuple) else (result,)
     node = Node(opdef, inputs, opdef.full_attrs(attrs), outs)

@@ -134,20 +134,31 @@ def mul(a: Dim, b: Dim) -> Dim:
 def floordiv(a: Dim, b: Dim) -> Dim:
     if not isinstance(a, DimExpr) and not isinstance(b, DimExpr):
         return int(a) // int(b)
-    if not isinstance(b, DimExpr) and int(b) == 1:
-        return a
-    if isinstance(a, DimExpr) and a.kind == "*" and not isinstance(b, DimExpr):
-        # (s * 6) // 3 -> s * 2 when the constant factor divides exactly
-        consts = [x for x in a.args if not isinstance(x, DimExpr)]
-        if consts and consts[0] % int(b) == 0:
-            rest = [x for x in a.args if isinstance(x, DimExpr)]
-            out: Dim = consts[0] // int(b)
-            for r in rest:
-                out = mul(out, r)
-            return out
-    if a == b:
-        return 1
+    # cancel factors the divisor shares with a product: (12 * s) // s -> 12, (s * 6) // 3 -> s * 2
+    num, den = _terms(a, "*"), _terms(b, "*")
+    num_const = _const_product(num)
+    den_const = _const_product(den)
+    num_syms = [x for x in num if isinstance(x, DimExpr)]
+    rest: list[DimExpr] = []
+    for x in (x for x in den if isinstance(x, DimExpr)):
+        if x in num_syms:
+            num_syms.remove(x)
+        else:
+            rest.append(x)
+    if not rest and num_const % den_const == 0:
+        out: Dim = num_const // den_const
+        for x in num_syms:
+            out = mul(out, x)
+        return out
     return DimExpr("//", (a, b))
+
+
+def _const_product(terms: list) -> int:
+    out = 1
+    for x in terms:
+        if not isinstance(x, DimExpr):
+            out *= int(x)
+    return out
 
 
 def evaluate(d: Dim, bindings: Mapping[str, int]) -> int:

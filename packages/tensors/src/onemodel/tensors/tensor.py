@@ -589,7 +589,7 @@ def _binary(op: str, a, b):
     elif a._data.dtype != b._data.dtype:
         dt = result_dtype(a.dtype, b.dtype)
         a, b = a.cast(dt), b.cast(dt)
-    return dispatch(op, (a, b))
+    return dispatch_binary(op, a, b)
 
 
 def _operand(value, other: Tensor) -> Tensor:
@@ -696,4 +696,4 @@ def as_tensors(values: Iterable) -> list[Tensor]:
     return [v if isinstance(v, Tensor) else tensor(v) for v in values]
 
 
-from .dispatch import dispatch  # noqa: E402 - dispatch needs Tensor defined first
+from .dispatch import dispatch, dispatch_binary  # noqa: E402 - dispatch needs Tensor defined first
