@@ -5,13 +5,15 @@ inputs (shapes with broadcasting, positive domains, integer index inputs)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
-from onemodel.tensors import DType, Tensor, concat, functional as F, split, stack, where
+from onemodel.tensors import DType, Tensor, concat, split, stack, where
+from onemodel.tensors import functional as F
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional

@@ -57,14 +57,14 @@ class _SetGrad:
         return wrapper
 
 
-class no_grad(_SetGrad):  # noqa: N801 - named as PyTorch users expect
+class no_grad(_SetGrad):
     """``with no_grad():`` ops record no gradient tape inside the block."""
 
     def __init__(self):
         super().__init__(False)
 
 
-class enable_grad(_SetGrad):  # noqa: N801
+class enable_grad(_SetGrad):
     """``with enable_grad():`` turn recording back on inside a ``no_grad`` block."""
 
     def __init__(self):

@@ -6,6 +6,7 @@ machinery is never called here. The cache drops itself when plugins change.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,10 +86,8 @@ def _select(op: str, inputs, attrs):
     specs = [None if t is None else TensorSpec(tuple(t.shape), t.dtype) for t in inputs]
     # Checks dtypes (and these shapes) once per dtype signature; later shape errors are explained
     # when the kernel fails. Constant-valued inputs are not known here, so only dtype errors count.
-    try:
+    with contextlib.suppress(ShapeError):
         opdef.infer(specs, attrs)
-    except ShapeError:
-        pass
     first = next((t for t in inputs if t is not None), None)
     dtype = first.dtype if first is not None else None
     recs = registry.get_registry().candidates(op, DEVICE, dtype)

@@ -13,6 +13,7 @@ start with ``onemodel-``; they are not subject to the lists above.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import os
@@ -164,10 +165,8 @@ class Registry:
         pm.register(plugin, name=name)
         version = "unknown"
         if dist:
-            try:
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
                 version = importlib.metadata.version(dist)
-            except importlib.metadata.PackageNotFoundError:
-                pass
         version = getattr(plugin, "__version__", version)
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or ())
         self._infos[name] = PluginInfo(name, version, hooks, dist)

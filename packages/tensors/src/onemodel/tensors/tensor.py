@@ -29,7 +29,7 @@ class Tensor:
     ``Tensor.from_data([1, 2], 2, 1)``, ``Tensor.from_numpy(a)``) or by computing with others.
     """
 
-    __slots__ = ("_data", "_index", "_node", "grad", "requires_grad", "__weakref__")
+    __slots__ = ("__weakref__", "_data", "_index", "_node", "grad", "requires_grad")
     __array_priority__ = 1000  # numpy defers to our operators: ndarray + Tensor -> Tensor
 
     def __init__(self, data, dtype: DType | str | None = None, requires_grad: bool = False):
@@ -352,7 +352,7 @@ class Tensor:
     def log_softmax(self, axis: int = -1):
         return _call("LogSoftmax", self, axis=axis)
 
-    def clip(self, min=None, max=None):  # noqa: A002 - numpy's names
+    def clip(self, min=None, max=None):
         lo = None if min is None else _scalar_like(min, self)
         hi = None if max is None else _scalar_like(max, self)
         return _call("Clip", self, lo, hi)
@@ -434,11 +434,11 @@ class Tensor:
         return _call("Transpose", self, perm=tuple(int(d) for d in _shape_tuple(dims)))
 
     @property
-    def T(self):  # noqa: N802
+    def T(self):
         return _call("Transpose", self, perm=tuple(reversed(range(self.ndim))))
 
     @property
-    def mT(self):  # noqa: N802
+    def mT(self):
         return self.transpose(-2, -1)
 
     def squeeze(self, axis=None):

@@ -136,7 +136,7 @@ def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
                 continue
             if isinstance(dim, int) and dim == 1:
                 dim = d
-            elif not (dim == d):
+            elif dim != d:
                 raise ShapeError(
                     "shapes " + " and ".join(format_shape(s) for s in shapes)
                     + " cannot be broadcast together"

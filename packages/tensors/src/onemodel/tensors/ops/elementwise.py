@@ -215,7 +215,7 @@ def _clip_shape(specs):
 
 
 @defop("Clip", shape=_clip_shape, grad=_clip_grad)
-def clip(input, min=None, max=None):  # noqa: A002 - ONNX names
+def clip(input, min=None, max=None):
     out = input
     if min is not None:
         out = np.maximum(out, min)

@@ -47,7 +47,7 @@ def matmul(A, B):
     return np.matmul(A, B)
 
 
-def _gemm_shape(specs, *, alpha=1.0, beta=1.0, transA=0, transB=0):  # noqa: N803 - ONNX names
+def _gemm_shape(specs, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     a, b = specs[0], specs[1]
     dt = same_dtype(specs, FLOATING)
     if len(a.shape) != 2 or len(b.shape) != 2:
@@ -79,7 +79,7 @@ def _gemm_grad(ctx, g):
 
 
 @defop("Gemm", shape=_gemm_shape, grad=_gemm_grad)
-def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):  # noqa: N803
+def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     a = A.T if transA else A
     b = B.T if transB else B
     y = a @ b

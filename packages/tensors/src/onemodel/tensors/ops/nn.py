@@ -249,7 +249,7 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
                    strides=None):
     nd = X.ndim - 2
     k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
-    s, pb, pe, d, _, full, out = _convt_geometry(X.shape[2:], k, strides, pads, dilations,
+    s, pb, pe, d, _, full, _out = _convt_geometry(X.shape[2:], k, strides, pads, dilations,
                                                  output_padding, output_shape, auto_pad)
     n, cin = X.shape[:2]
     g = group

@@ -1,0 +1,3 @@
+"""onemodel.tracing: `Tracer`, `TracedModel` and `TraceError`."""
+
+__version__ = "0.1.0"
