@@ -3,7 +3,14 @@
 from . import functional, registry
 from .autograd import enable_grad, is_grad_enabled, no_grad
 from .dtype import DType
-from .errors import AutogradError, DTypeError, OneModelError, PluginError, ShapeError
+from .errors import (
+    AutogradError,
+    DTypeError,
+    OneModelError,
+    PluginError,
+    ReleasedTensorError,
+    ShapeError,
+)
 from .generator import Generator
 from .ops import OPS, OpDef, TensorSpec
 from .symbolic import DimExpr
@@ -31,6 +38,7 @@ __all__ = [
     "OneModelError",
     "OpDef",
     "PluginError",
+    "ReleasedTensorError",
     "ShapeError",
     "Tensor",
     "TensorSpec",

@@ -183,17 +183,20 @@ def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
 
 
 def _accumulate(leaf: Tensor, g: Tensor) -> None:
+    """Add ``g`` into ``leaf.grad``. Without ``create_graph`` the gradient is a buffer the leaf
+    owns, made outside dispatch, so releasing activations never touches it."""
     if not leaf.requires_grad:
         return
+    from .tensor import Tensor
+
     if g._data.dtype != leaf._data.dtype:
         g = g.cast(leaf.dtype)
-    if not grad_mode.enabled:
-        g = g.detach()
-    if leaf.grad is None:
-        # own the buffer: a gradient may share data with an activation that gets released
-        leaf.grad = g if g._node is not None else type(g)._wrap(np.array(g._data, copy=True))
+    if grad_mode.enabled:  # create_graph: keep the gradient's own graph
+        leaf.grad = g if leaf.grad is None else leaf.grad + g
+    elif leaf.grad is None:
+        leaf.grad = Tensor._wrap(np.array(g._data, copy=True))
     else:
-        leaf.grad = leaf.grad + g
+        leaf.grad = Tensor._wrap(leaf.grad._data + g._data)
 
 
 def _topological(start: Node) -> list[Node]:

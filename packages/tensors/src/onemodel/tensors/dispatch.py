@@ -22,6 +22,13 @@ _EMPTY: dict = {}
 # (op, dtype of each input) -> (OpDef, kernel)
 _cache: dict[tuple, tuple[OpDef, Any]] = {}
 registry.on_change(_cache.clear)
+# Called with every result while a TensorScope is open (see scope.py); None otherwise.
+_observer = None
+
+
+def set_observer(callback) -> None:
+    global _observer
+    _observer = callback
 
 
 def dispatch(op: str, inputs: Sequence[Tensor | None], attrs: dict[str, Any] | None = None):
@@ -48,6 +55,8 @@ def dispatch(op: str, inputs: Sequence[Tensor | None], attrs: dict[str, Any] | N
             if t is not None and t.requires_grad:
                 _record(opdef, tuple(inputs), attrs, result)
                 break
+    if _observer is not None:
+        _observer(result)
     return result
 
 
@@ -67,6 +76,8 @@ def dispatch_binary(op: str, a: Tensor, b: Tensor):
     t = Tensor._wrap(out)
     if (a.requires_grad or b.requires_grad) and grad_mode.enabled and opdef.grad is not None:
         _record(opdef, (a, b), None, t)
+    if _observer is not None:
+        _observer(t)
     return t
 
 

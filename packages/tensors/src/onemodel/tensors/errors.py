@@ -21,3 +21,7 @@ class PluginError(OneModelError):
 
 class AutogradError(OneModelError, RuntimeError):
     """Gradients cannot be computed as asked (no graph, non-scalar output, in-place change)."""
+
+
+class ReleasedTensorError(OneModelError, RuntimeError):
+    """A tensor was used after the ActivationScope that created it ended."""

@@ -1,3 +1,28 @@
 """onemodel.training: modules, layers, losses, optimizers and checkpoints."""
 
+from . import init, losses
+from .checkpoint import Checkpoint, CheckpointError
+from .data import DataLoader
+from .layers import *  # noqa: F403 - the layers are this package's public names
+from .layers import __all__ as _layers
+from .module import Module, Parameter, StateDictError
+from .optim import (
+    SGD,
+    Adam,
+    AdamW,
+    CosineAnnealingLR,
+    LambdaLR,
+    LRScheduler,
+    Optimizer,
+    RMSprop,
+    StepLR,
+    clip_grad_norm_,
+)
+from .scope import ActivationScope
+
 __version__ = "0.1.0"
+
+__all__ = [*_layers, "SGD", "ActivationScope", "Adam", "AdamW", "Checkpoint", "CheckpointError",
+           "CosineAnnealingLR", "DataLoader", "LRScheduler", "LambdaLR", "Module", "Optimizer",
+           "Parameter", "RMSprop", "StateDictError", "StepLR", "clip_grad_norm_", "init",
+           "losses"]

@@ -1,0 +1,116 @@
+"""Loss ops with no ONNX form: CTCLoss (domain ``onemodel``). They cannot be traced; losses
+belong to training, not to an inference graph."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError
+from ._grad import call
+from .base import TensorSpec, defop
+
+
+def _ctc_shape(specs, *, blank=0, zero_infinity=0):
+    lp = specs[0]
+    if len(lp.shape) != 3:
+        raise ShapeError("CTCLoss log_probs must be (T, N, C)")
+    return TensorSpec((lp.shape[1],), lp.dtype)
+
+
+def _targets(targets, target_lengths, n):
+    """Per-sample target sequences from a padded (N, S) or concatenated 1-D tensor."""
+    lengths = [int(v) for v in target_lengths]
+    if targets.ndim == 2:
+        return [targets[i, : lengths[i]].astype(np.int64) for i in range(n)]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return [targets[offsets[i] : offsets[i + 1]].astype(np.int64) for i in range(n)]
+
+
+def _extended(target, blank):
+    ext = np.full(2 * len(target) + 1, blank, np.int64)
+    ext[1::2] = target
+    # a label may be reached from two steps back unless it is blank or repeats that label
+    skip = np.zeros(len(ext), bool)
+    skip[2:] = (ext[2:] != blank) & (ext[2:] != ext[:-2])
+    return ext, skip
+
+
+def _alpha(lp, ext, skip, length):
+    a = np.full((length, len(ext)), -np.inf)
+    a[0, 0] = lp[0, ext[0]]
+    if len(ext) > 1:
+        a[0, 1] = lp[0, ext[1]]
+    for t in range(1, length):
+        prev = a[t - 1]
+        one = np.concatenate([[-np.inf], prev[:-1]])
+        two = np.where(skip, np.concatenate([[-np.inf, -np.inf], prev[:-2]]), -np.inf)
+        a[t] = np.logaddexp(np.logaddexp(prev, one), two) + lp[t, ext]
+    return a
+
+
+def _beta(lp, ext, skip, length):
+    b = np.full((length, len(ext)), -np.inf)
+    b[length - 1, -1] = lp[length - 1, ext[-1]]
+    if len(ext) > 1:
+        b[length - 1, -2] = lp[length - 1, ext[-2]]
+    skip_next = np.concatenate([skip[2:], [False, False]])  # may s+2 be reached from s
+    for t in range(length - 2, -1, -1):
+        nxt = b[t + 1]
+        one = np.concatenate([nxt[1:], [-np.inf]])
+        two = np.where(skip_next, np.concatenate([nxt[2:], [-np.inf, -np.inf]]), -np.inf)
+        b[t] = np.logaddexp(np.logaddexp(nxt, one), two) + lp[t, ext]
+    return b
+
+
+def _nll(a, ext):
+    end = a[-1, -1]
+    return -(np.logaddexp(end, a[-1, -2]) if len(ext) > 1 else end)
+
+
+def _ctc_grad(ctx, g):
+    lp, targets, in_len, tgt_len = ctx.inputs
+    grad = call("CTCLossGrad", lp, targets, in_len, tgt_len, ctx.outputs[0], g, **ctx.attrs)
+    return grad, None, None, None
+
+
+@defop("CTCLoss", shape=_ctc_shape, grad=_ctc_grad, domain="onemodel")
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, *, blank=0, zero_infinity=0):
+    """Per-sample negative log likelihood of ``targets`` under CTC (PyTorch's ctc_loss with
+    reduction='none'); ``log_probs`` is (T, N, C)."""
+    n = log_probs.shape[1]
+    lp64 = log_probs.astype(np.float64)
+    out = np.empty(n)
+    for i, target in enumerate(_targets(targets, target_lengths, n)):
+        ext, skip = _extended(target, blank)
+        length = int(input_lengths[i])
+        out[i] = _nll(_alpha(lp64[:length, i], ext, skip, length), ext)
+    if zero_infinity:
+        out[np.isinf(out)] = 0
+    return out.astype(log_probs.dtype)
+
+
+@defop("CTCLossGrad", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
+       domain="onemodel")
+def ctc_loss_grad(log_probs, targets, input_lengths, target_lengths, nll, grad, *, blank=0,
+                  zero_infinity=0):
+    """PyTorch's gradient of CTCLoss with respect to log_probs: ``exp(lp) - posterior``.
+
+    It equals the true gradient once composed with log_softmax, which is how CTC is used."""
+    steps, n, _ = log_probs.shape
+    lp64 = log_probs.astype(np.float64)
+    out = np.zeros(log_probs.shape, np.float64)
+    for i, target in enumerate(_targets(targets, target_lengths, n)):
+        length = int(input_lengths[i])
+        loss = float(nll[i])
+        if np.isinf(loss):  # impossible alignment: no gradient (zero_infinity or not)
+            continue
+        ext, skip = _extended(target, blank)
+        lp = lp64[:length, i]
+        ab = _alpha(lp, ext, skip, length) + _beta(lp, ext, skip, length)
+        post = np.full(lp.shape, -np.inf)
+        for s, c in enumerate(ext):
+            post[:, c] = np.logaddexp(post[:, c], ab[:, s])
+        out[:length, i] = (np.exp(lp) - np.exp(post + loss - lp)) * float(grad[i])
+    return out.astype(log_probs.dtype)
+
+

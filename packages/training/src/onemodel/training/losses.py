@@ -1,0 +1,153 @@
+"""Loss functions with ``torch.nn.functional``'s names, arguments and reductions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onemodel.tensors import DType, OneModelError, ShapeError, Tensor, where
+from onemodel.tensors.dispatch import dispatch
+
+
+def _reduce(loss: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise OneModelError(f"reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
+
+
+def _same_shape(name: str, a: Tensor, b: Tensor) -> None:
+    if tuple(a.shape) != tuple(b.shape):
+        raise ShapeError(f"{name}: input shape {list(a.shape)} and target shape "
+                         f"{list(b.shape)} differ")
+
+
+def mse(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """Mean squared error."""
+    _same_shape("mse", input, target)
+    d = input - target
+    return _reduce(d * d, reduction)
+
+
+mse_loss = mse
+
+
+def l1(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    _same_shape("l1", input, target)
+    return _reduce((input - target).abs(), reduction)
+
+
+def smooth_l1(input: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    """Huber-like loss: quadratic below ``beta``, linear above."""
+    _same_shape("smooth_l1", input, target)
+    d = (input - target).abs()
+    if beta == 0:
+        return _reduce(d, reduction)
+    return _reduce(where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta), reduction)
+
+
+def nll(log_probs: Tensor, target: Tensor, weight: Tensor | None = None,
+        ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """Negative log likelihood of class indices; classes on axis 1 ((N, C) or (N, C, d...))."""
+    if target.dtype not in (DType.I64, DType.I32):
+        raise OneModelError(f"nll target must hold class indices (I64), got {target.dtype.name}")
+    t = target.numpy().astype(np.int64)
+    valid = t != ignore_index
+    safe = np.where(valid, t, 0)
+    c = log_probs.shape[1]
+    if np.any((safe < 0) | (safe >= c)):
+        raise OneModelError(f"nll target holds a class outside [0, {c})")
+    picked_mask = Tensor.from_numpy(
+        np.moveaxis(np.eye(c, dtype=bool)[safe], -1, 1) & np.expand_dims(valid, 1)
+    )
+    w = np.ones(c, log_probs.numpy().dtype) if weight is None else weight.numpy()
+    sample_w = np.where(valid, w[safe], 0).astype(log_probs.numpy().dtype)
+    picked = where(picked_mask, log_probs, 0.0).sum(axis=1)  # (N, d...)
+    losses = -picked * Tensor.from_numpy(sample_w)
+    if reduction == "mean":
+        return losses.sum() / float(sample_w.sum())
+    return _reduce(losses, reduction)
+
+
+nll_loss = nll
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                  ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """Cross entropy of logits ``input`` (classes on axis 1) against class indices or class
+    probabilities (a floating ``target`` of the input's shape)."""
+    logp = input.log_softmax(1)
+    c = input.shape[1]
+    shape_w = (1, c) + (1,) * (input.ndim - 2)
+    wt = None if weight is None else weight.reshape(*shape_w)
+    if target.dtype.is_floating:
+        _same_shape("cross_entropy", input, target)
+        probs = target * (1 - label_smoothing) + label_smoothing / c if label_smoothing else target
+        per = logp * probs if wt is None else logp * probs * wt
+        return _reduce(-per.sum(axis=1), reduction)
+    loss = nll(logp, target, weight, ignore_index, reduction)
+    if not label_smoothing:
+        return loss
+    # PyTorch: (1 - eps) * nll + eps / C * sum over classes of -log p (weighted, ignoring targets)
+    valid = Tensor.from_numpy((target.numpy() != ignore_index).astype(logp.numpy().dtype))
+    smooth = -(logp if wt is None else logp * wt).sum(axis=1) * valid
+    if reduction == "mean":
+        denom = (valid.sum() if weight is None else
+                 Tensor.from_numpy(np.where(target.numpy() != ignore_index,
+                                            weight.numpy()[np.where(target.numpy() != ignore_index,
+                                                                    target.numpy(), 0)], 0)
+                                   .astype(logp.numpy().dtype)).sum())
+        smooth = smooth.sum() / denom
+    else:
+        smooth = _reduce(smooth, reduction)
+    return loss * (1 - label_smoothing) + smooth * (label_smoothing / c)
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                         reduction: str = "mean") -> Tensor:
+    """BCE of probabilities; log is clamped at -100 as in PyTorch."""
+    _same_shape("binary_cross_entropy", input, target)
+    log_p = input.log().clip(min=-100.0)
+    log_q = (1 - input).log().clip(min=-100.0)
+    loss = -(target * log_p + (1 - target) * log_q)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                                     reduction: str = "mean",
+                                     pos_weight: Tensor | None = None) -> Tensor:
+    """BCE on logits, computed stably: max(x, 0) - x * y + log(1 + exp(-|x|))."""
+    _same_shape("binary_cross_entropy_with_logits", input, target)
+    softplus_neg = ((-input.abs()).exp() + 1).log() + (-input).relu()  # log(1 + exp(-x))
+    if pos_weight is None:
+        loss = (1 - target) * input + softplus_neg
+    else:
+        lw = (pos_weight - 1) * target + 1
+        loss = (1 - target) * input + lw * softplus_neg
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def ctc(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, blank: int = 0,
+        reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
+    """PyTorch's ``ctc_loss``: ``log_probs`` (T, N, C) from log_softmax, ``targets`` padded
+    (N, S) or concatenated; 'mean' divides each loss by its target length, then averages."""
+    def as_i64(v):
+        return v if isinstance(v, Tensor) else Tensor.from_numpy(np.asarray(v, np.int64))
+
+    tl = as_i64(target_lengths)
+    per = dispatch("CTCLoss", (log_probs, as_i64(targets), as_i64(input_lengths), tl),
+                   {"blank": int(blank), "zero_infinity": int(zero_infinity)})
+    if reduction == "mean":
+        lengths = np.maximum(tl.numpy(), 1).astype(log_probs.numpy().dtype)
+        return (per / Tensor.from_numpy(lengths)).mean()
+    return _reduce(per, reduction)
+
+
+ctc_loss = ctc

@@ -1,0 +1,116 @@
+"""The optimizer base: parameter groups, ``zero_grad``, ``state_dict`` in PyTorch's layout.
+
+Updates run on the parameters' numpy buffers in place (no ops, no tape, no new tensors), so an
+``ActivationScope`` around a training step never releases optimizer state."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from onemodel.tensors import OneModelError, Tensor
+
+
+class Optimizer:
+    def __init__(self, params: Iterable, defaults: dict[str, Any]):
+        self.defaults = dict(defaults)
+        params = list(params)
+        if not params:
+            raise OneModelError("the optimizer got an empty parameter list")
+        groups = params if isinstance(params[0], dict) else [{"params": params}]
+        self.param_groups: list[dict[str, Any]] = []
+        for g in groups:
+            self.add_param_group(g)
+        self.state: dict[int, dict[str, Any]] = {}  # keyed by id(parameter)
+
+    def add_param_group(self, group: dict[str, Any]) -> None:
+        group = dict(group)
+        group["params"] = list(group["params"])
+        for p in group["params"]:
+            if not isinstance(p, Tensor) or not p.requires_grad:
+                raise OneModelError("optimizers take tensors that require grad (parameters)")
+        for k, v in self.defaults.items():
+            group.setdefault(k, v)
+        self.param_groups.append(group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if set_to_none or p.grad is None:
+                    p.grad = None
+                else:
+                    p.grad._data[...] = 0
+
+    def step(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad._data
+                if g.dtype != p._data.dtype:
+                    g = g.astype(p._data.dtype)
+                if group.get("maximize"):
+                    g = -g
+                self._update(p._data, g, self.state.setdefault(id(p), {}), group)
+
+    def _update(self, param: np.ndarray, grad: np.ndarray, state: dict, group: dict) -> None:
+        raise NotImplementedError
+
+    # state -------------------------------------------------------------------------------------
+    def _params(self) -> list[Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"state": {index: {name: array or number}}, "param_groups": [...]}`` as in PyTorch."""
+        index = {id(p): i for i, p in enumerate(self._params())}
+        state = {index[k]: {n: (v.copy() if isinstance(v, np.ndarray) else v)
+                            for n, v in s.items()}
+                 for k, s in self.state.items() if k in index}
+        groups = []
+        for g in self.param_groups:
+            entry = {k: v for k, v in g.items() if k != "params"}
+            entry["params"] = [index[id(p)] for p in g["params"]]
+            groups.append(entry)
+        return {"state": state, "param_groups": groups}
+
+    def _check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Raise unless ``state_dict`` fits this optimizer's groups and parameters."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+            len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)
+        ):
+            raise OneModelError("optimizer state does not match this optimizer's parameter groups")
+        params = self._params()
+        for i, s in state_dict["state"].items():
+            if not 0 <= int(i) < len(params):
+                raise OneModelError(f"optimizer state names parameter {i}, which does not exist")
+            p = params[int(i)]
+            for name, v in s.items():
+                if isinstance(v, np.ndarray) and v.ndim and v.shape != p.numpy().shape:
+                    raise OneModelError(
+                        f"optimizer state {name!r} of parameter {i} has shape {list(v.shape)}, "
+                        f"the parameter has {list(p.shape)}"
+                    )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._check_state_dict(state_dict)
+        groups = state_dict["param_groups"]
+        params = self._params()
+        for saved, group in zip(groups, self.param_groups):
+            for k, v in saved.items():
+                if k != "params":
+                    group[k] = copy.deepcopy(v)
+        self.state = {}
+        for i, s in state_dict["state"].items():
+            p = params[int(i)]
+            self.state[id(p)] = {
+                name: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
+                for name, v in s.items()
+            }
+
+    def __repr__(self) -> str:
+        hp = ", ".join(f"{k}={v}" for k, v in self.defaults.items())
+        return f"{type(self).__name__}({hp})"

@@ -1,0 +1,32 @@
+"""Stochastic gradient descent with momentum, dampening, Nesterov and weight decay."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onemodel.tensors import OneModelError
+
+from .optimizer import Optimizer
+
+
+class SGD(Optimizer):
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False):
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise OneModelError("Nesterov momentum needs momentum > 0 and dampening = 0")
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      weight_decay=weight_decay, nesterov=nesterov,
+                                      maximize=maximize))
+
+    def _update(self, param, grad, state, group):
+        d = grad + group["weight_decay"] * param if group["weight_decay"] else grad
+        mom = group["momentum"]
+        if mom:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = np.array(d, copy=True)
+            else:
+                buf *= mom
+                buf += (1 - group["dampening"]) * d
+            d = d + mom * buf if group["nesterov"] else buf
+        param -= param.dtype.type(group["lr"]) * d
