@@ -1,6 +1,7 @@
 """Print the op set as a Markdown table (docs/ops.md embeds it; a test keeps the two in step).
 
-    python scripts/op_table.py
+    python scripts/op_table.py            # print the table
+    python scripts/op_table.py --write    # replace the table at the end of docs/ops.md
 """
 
 from __future__ import annotations
@@ -27,4 +28,12 @@ def table() -> str:
 
 
 if __name__ == "__main__":
-    print(table(), end="")
+    import sys
+    from pathlib import Path
+
+    if sys.argv[1:] == ["--write"]:
+        doc = Path(__file__).resolve().parent.parent / "docs" / "ops.md"
+        text = doc.read_text()
+        doc.write_text(text[: text.index("| op | domain |")] + table())
+    else:
+        print(table(), end="")

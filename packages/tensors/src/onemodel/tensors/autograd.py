@@ -194,7 +194,7 @@ def _accumulate(leaf: Tensor, g: Tensor) -> None:
     if grad_mode.enabled:  # create_graph: keep the gradient's own graph
         leaf.grad = g if leaf.grad is None else leaf.grad + g
     elif leaf.grad is None:
-        leaf.grad = Tensor._wrap(np.array(g._data, copy=True))
+        leaf.grad = Tensor._wrap(np.array(g._data, copy=True, order="C"))
     else:
         leaf.grad = Tensor._wrap(leaf.grad._data + g._data)
 

@@ -14,6 +14,7 @@ file fits the model and optimizer, and only then copies values in: a failed load
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -45,7 +46,7 @@ class Checkpoint:
     def save(path: str | os.PathLike, model: Module, optimizer: Optimizer | None = None) -> None:
         tensors: dict[str, np.ndarray] = {}
         for name, t in model.state_dict().items():
-            tensors[f"model/{name}"] = np.ascontiguousarray(t.numpy())
+            tensors[f"model/{name}"] = _contiguous(t.numpy())
         meta: dict[str, str] = {
             "format": FORMAT,
             "format_version": str(FORMAT_VERSION),
@@ -58,7 +59,7 @@ class Checkpoint:
             for idx, state in sd["state"].items():
                 for k, v in state.items():
                     if isinstance(v, np.ndarray):
-                        tensors[f"optimizer/{idx}/{k}"] = np.ascontiguousarray(v)
+                        tensors[f"optimizer/{idx}/{k}"] = _contiguous(v)
                     else:
                         scalars.setdefault(str(idx), {})[k] = _json_scalar(v)
             meta["optimizer"] = type(optimizer).__name__
@@ -120,6 +121,11 @@ def _optimizer_state(tensors, meta, path) -> dict:
         if "betas" in g:
             g["betas"] = tuple(g["betas"])
     return {"state": state, "param_groups": groups}
+
+
+def _contiguous(arr: np.ndarray) -> np.ndarray:
+    # not np.ascontiguousarray: it turns 0-d arrays into 1-d ones
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def _json_scalar(v):
@@ -215,7 +221,7 @@ def read_safetensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         arr = np.frombuffer(body[begin:end], dtype=dt.numpy.newbyteorder("<"))
         tensors[name] = arr.astype(dt.numpy).reshape(shape)
     spans.sort()
-    if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
+    if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
         raise CheckpointError(f"{path}: corrupt: tensors overlap in the data section")
     return tensors, meta
 

@@ -62,19 +62,23 @@ def _gemm_shape(specs, *, alpha=1.0, beta=1.0, transA=0, transB=0):
 
 
 def _gemm_grad(ctx, g):
+    # Y = A' @ B' with A' = A.T if transA, B' = B.T if transB. Each gradient is written as one
+    # product in the layout of its input, so it comes out contiguous.
     a, b = ctx.inputs[0], ctx.inputs[1]
     c = ctx.inputs[2] if len(ctx.inputs) > 2 else None
     alpha, beta = ctx.attrs["alpha"], ctx.attrs["beta"]
     ta, tb = ctx.attrs["transA"], ctx.attrs["transB"]
     a_ = a.mT if ta else a
     b_ = b.mT if tb else b
-    ga_ = g @ b_.mT
-    gb_ = a_.mT @ g
-    if alpha != 1.0:
-        ga_, gb_ = ga_ * alpha, gb_ * alpha
-    ga = ga_.mT if ta else ga_
-    gb = gb_.mT if tb else gb_
-    gc = None if c is None else unbroadcast(g * beta if beta != 1.0 else g, c.shape)
+    ga = gb = gc = None
+    if a.requires_grad:
+        ga = b_ @ g.mT if ta else g @ b_.mT
+        ga = ga * alpha if alpha != 1.0 else ga
+    if b.requires_grad:
+        gb = g.mT @ a_ if tb else a_.mT @ g
+        gb = gb * alpha if alpha != 1.0 else gb
+    if c is not None and c.requires_grad:
+        gc = unbroadcast(g * beta if beta != 1.0 else g, c.shape)
     return ga, gb, gc
 
 

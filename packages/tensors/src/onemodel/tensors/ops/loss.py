@@ -96,7 +96,7 @@ def ctc_loss_grad(log_probs, targets, input_lengths, target_lengths, nll, grad, 
     """PyTorch's gradient of CTCLoss with respect to log_probs: ``exp(lp) - posterior``.
 
     It equals the true gradient once composed with log_softmax, which is how CTC is used."""
-    steps, n, _ = log_probs.shape
+    _steps, n, _ = log_probs.shape
     lp64 = log_probs.astype(np.float64)
     out = np.zeros(log_probs.shape, np.float64)
     for i, target in enumerate(_targets(targets, target_lengths, n)):

@@ -87,6 +87,46 @@ def _crop(xp, pb, pe):
     return xp[index]
 
 
+def _positions(k, s, d, out_sp):
+    """For each kernel position, the slices of a padded spatial grid that it reads."""
+    for kidx in np.ndindex(*k):
+        yield kidx, tuple(slice(ki * di, ki * di + (o - 1) * si + 1, si)
+                          for ki, di, o, si in zip(kidx, d, out_sp, s))
+
+
+def _channels_last(X, pb, pe):
+    """(N, C, *sp) -> padded, contiguous (N, *padded sp, C)."""
+    xl = np.moveaxis(X, 1, -1)
+    if any(pb) or any(pe):
+        return np.pad(xl, [(0, 0), *zip(pb, pe), (0, 0)])
+    return np.ascontiguousarray(xl)
+
+
+def _im2col_last(xp, k, s, d, out_sp):
+    """Columns (N * L, K * C) of a channels-last padded input: one row per output position."""
+    n, c = xp.shape[0], xp.shape[-1]
+    nd = len(k)
+    cols = np.empty((n, *out_sp, *k, c), xp.dtype)
+    lead = (slice(None),) * (1 + nd)
+    for kidx, sl in _positions(k, s, d, out_sp):
+        cols[lead + kidx] = xp[(slice(None), *sl)]
+    return cols.reshape(n * math.prod(out_sp), -1)
+
+
+def _col2im_last(dcols, padded_shape, k, s, d, out_sp):
+    """Adjoint of :func:`_im2col_last`: (N, *out, *k, C) columns into a channels-last buffer."""
+    out = np.zeros(padded_shape, dcols.dtype)
+    lead = (slice(None),) * (1 + len(k))
+    for kidx, sl in _positions(k, s, d, out_sp):
+        out[(slice(None), *sl)] += dcols[lead + kidx]
+    return out
+
+
+def _weight_matrix(W):
+    """(M, C, *k) -> (M, K * C), matching the column order of :func:`_im2col_last`."""
+    return np.moveaxis(W, 1, -1).reshape(W.shape[0], -1)
+
+
 # convolution -------------------------------------------------------------------------------
 
 def _im2col(X, k, s, pb, pe, d, out_sp, group):
@@ -150,6 +190,12 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
     s, pb, pe, d, out_sp, _ = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad)
     n, m = X.shape[0], W.shape[0]
+    if group == 1:  # one GEMM over channels-last columns
+        cols = _im2col_last(_channels_last(X, pb, pe), k, s, d, out_sp)
+        y = cols @ _weight_matrix(W).T
+        if B is not None:
+            y += B
+        return np.ascontiguousarray(np.moveaxis(y.reshape(n, *out_sp, m), -1, 1))
     cols, _ = _im2col(X, k, s, pb, pe, d, out_sp, group)
     w = W.reshape(group, m // group, -1)
     y = np.matmul(w, cols).reshape(n, m, *out_sp)
@@ -171,6 +217,17 @@ def conv_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
     n, c = X.shape[:2]
     m = W.shape[0]
     g = group
+    if g == 1:
+        xp = _channels_last(X, pb, pe)
+        cols = _im2col_last(xp, k, s, d, out_sp)
+        dy = np.ascontiguousarray(np.moveaxis(dY, 1, -1)).reshape(-1, m)
+        dw = (dy.T @ cols).reshape(m, *k, c)
+        dcols = (dy @ _weight_matrix(W)).reshape(n, *out_sp, *k, c)
+        dxp = _col2im_last(dcols, xp.shape, k, s, d, out_sp)
+        inner = (slice(None),) + tuple(slice(b, xp.shape[1 + i] - e)
+                                       for i, (b, e) in enumerate(zip(pb, pe)))
+        dX = np.ascontiguousarray(np.moveaxis(dxp[inner], -1, 1))
+        return dX, np.ascontiguousarray(np.moveaxis(dw, -1, 1))
     cols, padded = _im2col(X, k, s, pb, pe, d, out_sp, g)
     dy = dY.reshape(n, g, m // g, -1)
     length = dy.shape[-1]
@@ -309,9 +366,12 @@ def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
     k, s, pb, pe, d, out_sp, _ = _pool_setup(X, kernel_shape, strides, pads, dilations, auto_pad,
                                              ceil_mode)
     lowest = -np.inf if X.dtype.kind == "f" else np.iinfo(X.dtype).min
-    win = _windows(_pad_spatial(X, pb, pe, lowest), k, s, d, out_sp)
-    nd = len(k)
-    return win.max(axis=tuple(range(-nd, 0)))
+    xp = _pad_spatial(X, pb, pe, lowest)
+    out = None
+    for _, sl in _positions(k, s, d, out_sp):
+        window = xp[(slice(None), slice(None), *sl)]
+        out = window.copy() if out is None else np.maximum(out, window, out=out)
+    return out
 
 
 @defop("MaxPoolGrad", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
@@ -322,15 +382,27 @@ def max_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kern
     k, s, pb, pe, d, out_sp, _ = _pool_setup(X, kernel_shape, strides, pads, dilations, auto_pad,
                                              ceil_mode)
     xp = _pad_spatial(X, pb, pe, -np.inf)
-    win = _windows(xp, k, s, d, out_sp)
-    nd = len(k)
-    flat = win.reshape(*win.shape[: 2 + nd], -1)
-    arg = flat.argmax(axis=-1)
-    cols = np.zeros(flat.shape, dY.dtype)
-    np.put_along_axis(cols, arg[..., None], dY[..., None], axis=-1)
-    cols = np.moveaxis(cols.reshape(*win.shape), tuple(range(2 + nd, 2 + 2 * nd)),
-                       tuple(range(2, 2 + nd)))
-    return np.ascontiguousarray(_crop(_col2im(cols, xp.shape, k, s, d, out_sp), pb, pe))
+    best = arg = None
+    for i, (_, sl) in enumerate(_positions(k, s, d, out_sp)):
+        window = xp[(slice(None), slice(None), *sl)]
+        if best is None:
+            best, arg = window.copy(), np.zeros(window.shape, np.int32)
+        else:
+            better = window > best  # strictly: ties keep the first position
+            np.copyto(best, window, where=better)
+            np.copyto(arg, i, where=better)
+    dxp = np.zeros(xp.shape, dY.dtype)
+    for i, (_, sl) in enumerate(_positions(k, s, d, out_sp)):
+        dxp[(slice(None), slice(None), *sl)] += np.where(arg == i, dY, 0)
+    return np.ascontiguousarray(_crop(dxp, pb, pe))
+
+
+def _window_sum(xp, k, s, d, out_sp):
+    out = None
+    for _, sl in _positions(k, s, d, out_sp):
+        window = xp[(slice(None), slice(None), *sl)]
+        out = window.astype(xp.dtype, copy=True) if out is None else np.add(out, window, out=out)
+    return out
 
 
 def _avg_counts(X, k, s, pb, pe, pe_explicit, d, out_sp, count_include_pad):
@@ -340,8 +412,7 @@ def _avg_counts(X, k, s, pb, pe, pe_explicit, d, out_sp, count_include_pad):
         ones = _pad_spatial(ones, (0,) * len(k), tuple(a - b for a, b in zip(pe, pe_explicit)))
     else:
         ones = _pad_spatial(ones, pb, pe)
-    nd = len(k)
-    return _windows(ones, k, s, d, out_sp).sum(axis=tuple(range(-nd, 0)))
+    return _window_sum(ones, k, s, d, out_sp)
 
 
 def _avg_pool_grad(ctx, g):
@@ -353,9 +424,7 @@ def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
                  kernel_shape=(), pads=None, strides=None):
     k, s, pb, pe, d, out_sp, pe_explicit = _pool_setup(X, kernel_shape, strides, pads, dilations,
                                                        auto_pad, ceil_mode)
-    nd = len(k)
-    win = _windows(_pad_spatial(X, pb, pe), k, s, d, out_sp)
-    total = win.sum(axis=tuple(range(-nd, 0)))
+    total = _window_sum(_pad_spatial(X, pb, pe), k, s, d, out_sp)
     counts = _avg_counts(X, k, s, pb, pe, pe_explicit, d, out_sp, count_include_pad)
     return (total / counts).astype(X.dtype, copy=False)
 
@@ -370,10 +439,11 @@ def average_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, count_include_pa
     counts = _avg_counts(X, k, s, pb, pe, pe_explicit, d, out_sp, count_include_pad)
     share = (dY / counts).astype(dY.dtype, copy=False)
     nd = len(k)
-    cols = np.broadcast_to(share.reshape(*share.shape[:2], *(1,) * nd, *share.shape[2:]),
-                           (*share.shape[:2], *k, *share.shape[2:]))
     padded = (X.shape[0], X.shape[1], *(X.shape[2 + i] + pb[i] + pe[i] for i in range(nd)))
-    return np.ascontiguousarray(_crop(_col2im(cols, padded, k, s, d, out_sp), pb, pe))
+    dxp = np.zeros(padded, dY.dtype)
+    for _, sl in _positions(k, s, d, out_sp):
+        dxp[(slice(None), slice(None), *sl)] += share
+    return np.ascontiguousarray(_crop(dxp, pb, pe))
 
 
 def _global_pool_shape(specs):

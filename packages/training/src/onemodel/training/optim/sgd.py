@@ -27,6 +27,6 @@ class SGD(Optimizer):
                 buf = state["momentum_buffer"] = np.array(d, copy=True)
             else:
                 buf *= mom
-                buf += (1 - group["dampening"]) * d
+                buf += (1 - group["dampening"]) * d if group["dampening"] else d
             d = d + mom * buf if group["nesterov"] else buf
         param -= param.dtype.type(group["lr"]) * d
