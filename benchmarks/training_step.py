@@ -68,16 +68,16 @@ def main() -> None:
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
         ox, oy = Tensor.from_numpy(x), Tensor.from_numpy(y)
 
-        def t_step():
-            t_opt.zero_grad()
-            torch.nn.functional.cross_entropy(theirs(tx), ty).backward()
-            t_opt.step()
+        def t_step(model=theirs, opt=t_opt, x=tx, y=ty):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
 
-        def o_step():
+        def o_step(model=ours, opt=o_opt, x=ox, y=oy):
             with T.ActivationScope():
-                o_opt.zero_grad()
-                T.losses.cross_entropy(ours(ox), oy).backward()
-                o_opt.step()
+                opt.zero_grad()
+                T.losses.cross_entropy(model(x), y).backward()
+                opt.step()
 
         # interleave the two so drift on a noisy machine hits both alike
         o_times, t_times = [], []

@@ -98,7 +98,7 @@ def test_truncated_files_raise(tmp_path, cut):
     Checkpoint.save(path, Linear(3, 4, Generator(0)))
     raw = path.read_bytes()
     path.write_bytes(raw[:cut])
-    with pytest.raises(CheckpointError, match="truncated|corrupt"):
+    with pytest.raises(CheckpointError, match=r"truncated|corrupt"):
         Checkpoint.load(path, Linear(3, 4))
 
 

@@ -170,7 +170,13 @@ def sigmoid(X):
     return np.where(X >= 0, 1 / (1 + e), e / (1 + e)).astype(X.dtype, copy=False)
 
 
-@defop("Relu", shape=_unary, grad=lambda ctx, g: g.where(ctx.outputs[0] > 0, 0.0))
+def _relu_grad(ctx, g):
+    # a multiply by the 0/1 mask: several times faster than a select on random masks
+    y = ctx.outputs[0]
+    return g * (y > 0).cast(y.dtype)
+
+
+@defop("Relu", shape=_unary, grad=_relu_grad)
 def relu(X):
     return np.maximum(X, 0)
 

@@ -176,7 +176,8 @@ def _conv_shape(specs, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
 def _conv_grad(ctx, g):
     x, w = ctx.inputs[0], ctx.inputs[1]
     b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
-    gx, gw = call("ConvGrad", x, w, g, **ctx.attrs)
+    gx = call("ConvInputGrad", x, w, g, **ctx.attrs) if x.requires_grad else None
+    gw = call("ConvWeightGrad", x, w, g, **ctx.attrs) if w.requires_grad else None
     gb = None
     if b is not None and b.requires_grad:
         gb = g.sum(axis=(0, *range(2, g.ndim)))
@@ -204,41 +205,56 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     return y
 
 
-def _conv_grad_shape(specs, **attrs):
-    return [TensorSpec(specs[0].shape, specs[0].dtype), TensorSpec(specs[1].shape, specs[1].dtype)]
+def _same_as(index):
+    def rule(specs, **attrs):
+        return TensorSpec(specs[index].shape, specs[index].dtype)
+
+    return rule
 
 
-@defop("ConvGrad", shape=_conv_grad_shape, outputs=("dX", "dW"), domain="onemodel")
-def conv_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-              pads=None, strides=None):
-    """Gradients of Conv with respect to X and W, given dY."""
+@defop("ConvInputGrad", shape=_same_as(0), domain="onemodel")
+def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                    pads=None, strides=None):
+    """Gradient of Conv with respect to X (whose values are not read, only its shape)."""
     k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
     s, pb, pe, d, out_sp, _ = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad)
     n, c = X.shape[:2]
     m = W.shape[0]
+    padded = tuple(x + b + e for x, b, e in zip(X.shape[2:], pb, pe))
+    if group == 1:
+        dy = np.ascontiguousarray(np.moveaxis(dY, 1, -1)).reshape(-1, m)
+        dcols = (dy @ _weight_matrix(W)).reshape(n, *out_sp, *k, c)
+        dxp = _col2im_last(dcols, (n, *padded, c), k, s, d, out_sp)
+        inner = (slice(None),) + tuple(slice(b, p - e) for b, e, p in zip(pb, pe, padded))
+        return np.ascontiguousarray(np.moveaxis(dxp[inner], -1, 1))
     g = group
-    if g == 1:
-        xp = _channels_last(X, pb, pe)
-        cols = _im2col_last(xp, k, s, d, out_sp)
+    dy = dY.reshape(n, g, m // g, -1)
+    w = W.reshape(g, m // g, -1)
+    dcols = np.matmul(w.transpose(0, 2, 1), dy).reshape(n, c, *k, *out_sp)  # N, G, Cg*K, L
+    dX = _crop(_col2im(dcols, (n, c, *padded), k, s, d, out_sp), pb, pe)
+    return np.ascontiguousarray(dX)
+
+
+@defop("ConvWeightGrad", shape=_same_as(1), domain="onemodel")
+def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                     pads=None, strides=None):
+    """Gradient of Conv with respect to W (whose values are not read, only its shape)."""
+    k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
+    s, pb, pe, d, out_sp, _ = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad)
+    n, c = X.shape[:2]
+    m = W.shape[0]
+    if group == 1:
+        cols = _im2col_last(_channels_last(X, pb, pe), k, s, d, out_sp)
         dy = np.ascontiguousarray(np.moveaxis(dY, 1, -1)).reshape(-1, m)
         dw = (dy.T @ cols).reshape(m, *k, c)
-        dcols = (dy @ _weight_matrix(W)).reshape(n, *out_sp, *k, c)
-        dxp = _col2im_last(dcols, xp.shape, k, s, d, out_sp)
-        inner = (slice(None),) + tuple(slice(b, xp.shape[1 + i] - e)
-                                       for i, (b, e) in enumerate(zip(pb, pe)))
-        dX = np.ascontiguousarray(np.moveaxis(dxp[inner], -1, 1))
-        return dX, np.ascontiguousarray(np.moveaxis(dw, -1, 1))
-    cols, padded = _im2col(X, k, s, pb, pe, d, out_sp, g)
+        return np.ascontiguousarray(np.moveaxis(dw, -1, 1))
+    g = group
+    cols, _ = _im2col(X, k, s, pb, pe, d, out_sp, g)
     dy = dY.reshape(n, g, m // g, -1)
     length = dy.shape[-1]
     dy_t = dy.transpose(1, 2, 0, 3).reshape(g, m // g, n * length)
     cols_t = cols.transpose(1, 0, 3, 2).reshape(g, n * length, -1)
-    dW = np.matmul(dy_t, cols_t).reshape(W.shape)
-    w = W.reshape(g, m // g, -1)
-    dcols = np.matmul(w.transpose(0, 2, 1), dy)  # N, G, Cg*K, L
-    dcols = dcols.reshape(n, c, *k, *out_sp)
-    dX = _crop(_col2im(dcols, padded, k, s, d, out_sp), pb, pe)
-    return np.ascontiguousarray(dX), dW
+    return np.matmul(dy_t, cols_t).reshape(W.shape)
 
 
 def _convt_geometry(in_sp, k, strides, pads, dilations, output_padding, output_shape, auto_pad):
@@ -294,8 +310,8 @@ def _convt_grad(ctx, g):
                                             a["dilations"], a["output_padding"],
                                             a["output_shape"], a["auto_pad"])
     conv_attrs = dict(group=a["group"], strides=s, pads=pb + pe, dilations=d, kernel_shape=k)
-    gx = call("Conv", g, w, **conv_attrs)
-    _, gw = call("ConvGrad", g, w, x, **conv_attrs)
+    gx = call("Conv", g, w, **conv_attrs) if x.requires_grad else None
+    gw = call("ConvWeightGrad", g, w, x, **conv_attrs) if w.requires_grad else None
     gb = g.sum(axis=(0, *range(2, g.ndim))) if b is not None and b.requires_grad else None
     return gx, gw, gb
 
@@ -382,18 +398,24 @@ def max_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kern
     k, s, pb, pe, d, out_sp, _ = _pool_setup(X, kernel_shape, strides, pads, dilations, auto_pad,
                                              ceil_mode)
     xp = _pad_spatial(X, pb, pe, -np.inf)
-    best = arg = None
-    for i, (_, sl) in enumerate(_positions(k, s, d, out_sp)):
-        window = xp[(slice(None), slice(None), *sl)]
-        if best is None:
-            best, arg = window.copy(), np.zeros(window.shape, np.int32)
+    windows = [xp[(slice(None), slice(None), *sl)] for _, sl in _positions(k, s, d, out_sp)]
+    best = windows[0].copy()
+    for window in windows[1:]:
+        np.maximum(best, window, out=best)
+    # windows that tile the input exactly: each element is written once
+    tiled = all(dd == 1 and kk == ss and o * ss == n
+                for kk, dd, ss, o, n in zip(k, d, s, out_sp, xp.shape[2:]))
+    dxp = (np.empty if tiled else np.zeros)(xp.shape, dY.dtype)
+    taken = np.zeros(best.shape, bool)  # ties: the first position in the window takes it
+    for (_, sl), window in zip(_positions(k, s, d, out_sp), windows):
+        hit = window == best
+        hit &= ~taken
+        taken |= hit
+        target = (slice(None), slice(None), *sl)
+        if tiled:
+            dxp[target] = dY * hit
         else:
-            better = window > best  # strictly: ties keep the first position
-            np.copyto(best, window, where=better)
-            np.copyto(arg, i, where=better)
-    dxp = np.zeros(xp.shape, dY.dtype)
-    for i, (_, sl) in enumerate(_positions(k, s, d, out_sp)):
-        dxp[(slice(None), slice(None), *sl)] += np.where(arg == i, dY, 0)
+            dxp[target] += dY * hit
     return np.ascontiguousarray(_crop(dxp, pb, pe))
 
 
