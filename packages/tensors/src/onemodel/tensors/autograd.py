@@ -135,10 +135,11 @@ def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
             f"gradient shape {list(gradient.shape)} does not match output shape {list(root.shape)}"
         )
     if root._node is None:  # a leaf
-        _accumulate(root, gradient)
+        _accumulate(root, gradient, {id(gradient._data)})
         return
 
     retain_graph = retain_graph or create_graph  # as in PyTorch
+    handed: set[int] = {id(gradient._data)}  # arrays a leaf's .grad may not own alone
     order = _topological(root._node)
     pending: dict[int, list] = {id(root._node): [None] * len(root._node._saved)}
     pending[id(root._node)][root._index] = gradient
@@ -171,7 +172,7 @@ def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
                         f"of shape {list(inp.shape)}"
                     )
                 if inp._node is None:
-                    _accumulate(inp, g)
+                    _accumulate(inp, g, handed)
                 else:
                     slot = pending.setdefault(id(inp._node), [None] * len(inp._node._saved))
                     prev_g = slot[inp._index]
@@ -182,9 +183,11 @@ def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
         grad_mode.enabled = prev
 
 
-def _accumulate(leaf: Tensor, g: Tensor) -> None:
+def _accumulate(leaf: Tensor, g: Tensor, handed: set[int]) -> None:
     """Add ``g`` into ``leaf.grad``. Without ``create_graph`` the gradient is a buffer the leaf
-    owns, made outside dispatch, so releasing activations never touches it."""
+    owns, made outside dispatch, so releasing activations never touches it. A gradient array is
+    adopted without a copy when it is fresh: contiguous, owning its data and not handed to
+    another leaf (or given by the caller) in this backward pass."""
     if not leaf.requires_grad:
         return
     from .tensor import Tensor
@@ -193,10 +196,14 @@ def _accumulate(leaf: Tensor, g: Tensor) -> None:
         g = g.cast(leaf.dtype)
     if grad_mode.enabled:  # create_graph: keep the gradient's own graph
         leaf.grad = g if leaf.grad is None else leaf.grad + g
-    elif leaf.grad is None:
-        leaf.grad = Tensor._wrap(np.array(g._data, copy=True, order="C"))
-    else:
-        leaf.grad = Tensor._wrap(leaf.grad._data + g._data)
+        return
+    arr = g._data
+    if leaf.grad is not None:
+        leaf.grad = Tensor._wrap(leaf.grad._data + arr)
+        return
+    fresh = arr.flags.c_contiguous and arr.flags.owndata and id(arr) not in handed
+    handed.add(id(arr))
+    leaf.grad = Tensor._wrap(arr if fresh else np.array(arr, copy=True, order="C"))
 
 
 def _topological(start: Node) -> list[Node]:

@@ -11,7 +11,8 @@ from .base import TensorSpec, const_ints, defop, norm_axis, same_dtype
 def _axes(data: np.ndarray, axes, noop_with_empty_axes: int):
     if axes is None or len(axes) == 0:
         return () if noop_with_empty_axes else None
-    return tuple(int(a) % data.ndim for a in axes)
+    nd = data.ndim
+    return tuple(a % nd for a in axes.tolist())
 
 
 def _reduce_shape(specs, *, keepdims=1, noop_with_empty_axes=0):

@@ -55,7 +55,10 @@ def _reshape_shape(specs, *, allowzero=0):
 @defop("Reshape", shape=_reshape_shape,
        grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
 def reshape(data, shape, *, allowzero=0):
-    return data.reshape(reshape_target(data.shape, shape.tolist(), allowzero))
+    target = shape.tolist()
+    if allowzero or 0 not in target:
+        return data.reshape(target)  # numpy's rule is ONNX's here (one -1 inferred)
+    return data.reshape(reshape_target(data.shape, target, allowzero))
 
 
 # Transpose -----------------------------------------------------------------------------------

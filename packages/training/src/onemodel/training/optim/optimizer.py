@@ -25,6 +25,7 @@ class Optimizer:
         for g in groups:
             self.add_param_group(g)
         self.state: dict[int, dict[str, Any]] = {}  # keyed by id(parameter)
+        self._buffers: dict[tuple, np.ndarray] = {}  # scratch space, reused across steps
 
     def add_param_group(self, group: dict[str, Any]) -> None:
         group = dict(group)
@@ -55,6 +56,14 @@ class Optimizer:
                 if group.get("maximize"):
                     g = -g
                 self._update(p._data, g, self.state.setdefault(id(p), {}), group)
+
+    def _scratch(self, like: np.ndarray) -> np.ndarray:
+        """A reusable array shaped like ``like``: updates without a temporary per step."""
+        key = (like.shape, like.dtype.str)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = np.empty_like(like, order="C")
+        return buf
 
     def _update(self, param: np.ndarray, grad: np.ndarray, state: dict, group: dict) -> None:
         raise NotImplementedError

@@ -29,4 +29,6 @@ class SGD(Optimizer):
                 buf *= mom
                 buf += (1 - group["dampening"]) * d if group["dampening"] else d
             d = d + mom * buf if group["nesterov"] else buf
-        param -= param.dtype.type(group["lr"]) * d
+        step = self._scratch(d)
+        np.multiply(d, param.dtype.type(group["lr"]), out=step)
+        param -= step
