@@ -36,7 +36,11 @@ ENV_ALLOW = "ONEMODEL_PLUGINS"
 ENV_DENY = "ONEMODEL_DISABLE_PLUGINS"
 ENV_NO_AUTOLOAD = "ONEMODEL_DISABLE_PLUGIN_AUTOLOAD"
 
-BUILTIN_PLUGINS = {"onemodel-tensors.reference": "onemodel.tensors.ops.reference_plugin"}
+# name -> module: built-in parts of installed OneModel packages, registered whatever the
+# environment's allow and deny lists say. Packages add theirs with register_builtin().
+BUILTIN_PLUGINS: dict[str, tuple[str, str]] = {
+    "onemodel-tensors.reference": ("onemodel.tensors.ops.reference_plugin", "onemodel-tensors"),
+}
 
 
 class PluginLoadWarning(UserWarning):
@@ -129,9 +133,10 @@ class Registry:
     def _create(self) -> pluggy.PluginManager:
         pm = pluggy.PluginManager("onemodel")
         pm.add_hookspecs(hookspecs)
+        pm.hook.onemodel_addhooks.call_historic(kwargs={"pluginmanager": pm})
         self._pm = pm
-        for name, module in BUILTIN_PLUGINS.items():
-            self._register(pm, importlib.import_module(module), name, "onemodel-tensors")
+        for name, (module, dist) in list(BUILTIN_PLUGINS.items()):
+            self._register(pm, importlib.import_module(module), name, dist)
         if os.environ.get(ENV_NO_AUTOLOAD, "").strip().lower() not in ("", "0", "false", "no"):
             return pm
         allow = _env_list(ENV_ALLOW)
@@ -330,6 +335,18 @@ def list_plugins() -> list[PluginInfo]:
 
 def register_plugin(plugin: object, name: str, version: str = "unknown") -> None:
     _registry.register_plugin(plugin, name, version)
+
+
+def register_builtin(name: str, module: str, distribution: str) -> None:
+    """Make ``module`` (a hook-implementing module of a OneModel package) a built-in plugin: it
+    is registered now if the registry is loaded, and at every later load or reset."""
+    if name in BUILTIN_PLUGINS:
+        return
+    BUILTIN_PLUGINS[name] = (module, distribution)
+    reg = _registry
+    if reg._pm is not None:
+        with reg._lock:
+            reg._register(reg._pm, importlib.import_module(module), name, distribution)
 
 
 def unregister_plugin(name: str) -> None:

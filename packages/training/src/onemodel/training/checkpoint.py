@@ -19,13 +19,13 @@ import json
 import math
 import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from onemodel.tensors import DType, OneModelError
+from onemodel.tensors.fileio import atomic_write
 
 from .module import Module
 from .optim.optimizer import Optimizer
@@ -160,20 +160,13 @@ def write_safetensors(path, tensors: dict[str, np.ndarray], metadata: dict[str, 
         offset += arr.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(len(raw) + 8) % 8)  # data starts 8-byte aligned
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
-            for arr in tensors.values():
-                f.write(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    def chunks():
+        yield struct.pack("<Q", len(raw))
+        yield raw
+        for arr in tensors.values():
+            yield arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+
+    atomic_write(path, chunks())
 
 
 def read_safetensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:

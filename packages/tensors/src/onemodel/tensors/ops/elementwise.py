@@ -309,6 +309,22 @@ def cast(input, *, to=DType.F32):
     return input.astype(DType.of(to).numpy)
 
 
+def _dropout_shape(specs, *, seed=None):
+    x = specs[0]
+    return [TensorSpec(x.shape, x.dtype), TensorSpec(x.shape, DType.BOOL)]
+
+
+@defop("Dropout", shape=_dropout_shape, outputs=("output", "mask"))
+def dropout(data, ratio=None, training_mode=None, *, seed=None):
+    """ONNX Dropout: the identity unless ``training_mode`` is true (graphs run inference; the
+    training package applies dropout with its own Generator)."""
+    if training_mode is not None and bool(np.asarray(training_mode).reshape(-1)[0]):
+        p = 0.5 if ratio is None else float(np.asarray(ratio).reshape(-1)[0])
+        keep = np.random.default_rng(seed).random(data.shape) >= p
+        return (data * keep / (1 - p)).astype(data.dtype), keep
+    return data.copy(), np.ones(data.shape, bool)
+
+
 @defop("Identity", shape=lambda specs: specs[0], grad=lambda ctx, g: g)
 def identity(input):
     return input.copy()

@@ -1,0 +1,205 @@
+"""The graph IR: named values with dtypes and (symbolic) shapes, nodes of the op set,
+initializers and metadata. Nodes are kept in topological order; every value is assigned once."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec
+from onemodel.tensors.ops import OPS
+from onemodel.tensors.symbolic import Dim, format_shape
+
+
+class GraphError(OneModelError):
+    """A graph is malformed; the message names the offending node or value."""
+
+
+@dataclass
+class ValueInfo:
+    """A graph input or output: name, dtype and shape (ints and symbols)."""
+
+    name: str
+    dtype: DType
+    shape: tuple[Dim, ...]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.dtype.name}{format_shape(self.shape)}"
+
+
+@dataclass
+class Node:
+    """One op application. ``inputs`` name values ('' for an omitted optional input)."""
+
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+    def label(self) -> str:
+        return f"node {self.name or '?'} ({self.op})"
+
+
+_ATTR_TYPES = (int, float, str, bool, DType, type(None))
+
+
+class Graph:
+    """A static computation graph."""
+
+    def __init__(self, inputs: Sequence[ValueInfo] = (), outputs: Sequence[ValueInfo] = (),
+                 nodes: Sequence[Node] = (), initializers: Mapping[str, np.ndarray] | None = None,
+                 metadata: Mapping[str, str] | None = None, name: str = "graph"):
+        self.name = name
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.nodes = list(nodes)
+        self.initializers: dict[str, np.ndarray] = dict(initializers or {})
+        self.metadata: dict[str, str] = dict(metadata or {})
+
+    def copy(self) -> Graph:
+        g = Graph(copy.deepcopy(self.inputs), copy.deepcopy(self.outputs),
+                  [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name)
+                   for n in self.nodes],
+                  dict(self.initializers), dict(self.metadata), self.name)
+        return g
+
+    # queries ---------------------------------------------------------------------------------
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    out.setdefault(i, []).append(n)
+        return out
+
+    def symbols(self) -> set[str]:
+        out: set[str] = set()
+        for v in self.inputs:
+            for d in v.shape:
+                if isinstance(d, DimExpr):
+                    out |= d.symbols()
+        return out
+
+    def fresh_name(self, base: str) -> str:
+        taken = ({v.name for v in self.inputs} | set(self.initializers)
+                 | {o for n in self.nodes for o in n.outputs})
+        i = 0
+        while f"{base}_{i}" in taken:
+            i += 1
+        return f"{base}_{i}"
+
+    # checking --------------------------------------------------------------------------------
+    def validate(self) -> dict[str, TensorSpec]:
+        """Check structure and shapes; returns the spec of every value. Errors name the node."""
+        specs: dict[str, TensorSpec] = {}
+        for v in self.inputs:
+            if v.name in specs:
+                raise GraphError(f"input {v.name!r} is declared twice")
+            specs[v.name] = TensorSpec(tuple(v.shape), v.dtype)
+        for name, arr in self.initializers.items():
+            if name in specs:
+                raise GraphError(f"{name!r} is both an input and an initializer")
+            try:
+                dt = DType.from_numpy(arr.dtype)
+            except OneModelError:
+                raise GraphError(f"initializer {name!r} has unsupported dtype {arr.dtype}") from None
+            specs[name] = TensorSpec(tuple(arr.shape), dt, _small_value(arr))
+        for n in self.nodes:
+            specs.update(self._check_node(n, specs))
+        for v in self.outputs:
+            if v.name not in specs:
+                raise GraphError(f"output {v.name!r} is not computed by any node")
+        return specs
+
+    def _check_node(self, n: Node, specs: dict[str, TensorSpec]) -> dict[str, TensorSpec]:
+        op = OPS.get(n.op)
+        if op is None:
+            raise GraphError(f"{n.label()}: unknown op {n.op!r}")
+        for k, v in n.attrs.items():
+            if k not in op.attrs:
+                raise GraphError(f"{n.label()}: {n.op} has no attribute {k!r}")
+            if not _attr_ok(v):
+                raise GraphError(f"{n.label()}: attribute {k!r} has unsupported type "
+                                 f"{type(v).__name__}")
+        if not op.variadic and len(n.inputs) > len(op.inputs):
+            raise GraphError(f"{n.label()}: {len(n.inputs)} inputs, {n.op} takes at most "
+                             f"{len(op.inputs)}")
+        in_specs = []
+        for _i, name in enumerate(n.inputs):
+            if not name:
+                in_specs.append(None)
+                continue
+            if name not in specs:
+                raise GraphError(f"{n.label()}: input {name!r} is used before it is computed "
+                                 "(nodes must be in topological order)")
+            in_specs.append(specs[name])
+        required = [p for p in op.inputs if p not in op.optional]
+        if not op.variadic and len([s for s in in_specs if s is not None]) < len(required):
+            raise GraphError(f"{n.label()}: missing required inputs of {n.op} "
+                             f"({', '.join(required)})")
+        try:
+            outs = op.infer(in_specs, n.attrs)
+        except OneModelError as exc:
+            raise GraphError(f"{n.label()}: {exc}") from None
+        if len(outs) < len([o for o in n.outputs if o]):
+            raise GraphError(f"{n.label()}: {n.op} has {len(outs)} outputs, the node names "
+                             f"{len(n.outputs)}")
+        result = {}
+        for name, spec in zip(n.outputs, outs):
+            if not name:
+                continue
+            if name in specs or name in result:
+                raise GraphError(f"{n.label()}: value {name!r} is assigned twice")
+            result[name] = spec
+        return result
+
+    # text form -------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        try:
+            specs = self.validate()
+        except OneModelError:
+            specs = {}
+        lines = [f"graph {self.name} ("]
+        lines += [f"  input  {v}" for v in self.inputs]
+        lines.append(") -> (")
+        lines += [f"  output {v}" for v in self.outputs]
+        lines.append(")")
+        for name, arr in self.initializers.items():
+            lines.append(f"  init   {name}: {DType.from_numpy(arr.dtype).name}"
+                         f"{format_shape(arr.shape)}")
+        for n in self.nodes:
+            outs = ", ".join(f"{o}: {specs[o]}" if o in specs else o for o in n.outputs)
+            attrs = ", ".join(f"{k}={_attr_text(v)}" for k, v in n.attrs.items())
+            lines.append(f"  {outs} = {n.op}({', '.join(i or '_' for i in n.inputs)})"
+                         + (f"  [{attrs}]" if attrs else ""))
+        return "\n".join(lines)
+
+
+def _attr_ok(v) -> bool:
+    if isinstance(v, _ATTR_TYPES):
+        return True
+    return isinstance(v, (tuple, list)) and all(isinstance(x, (int, float, str)) for x in v)
+
+
+def _attr_text(v) -> str:
+    if isinstance(v, DType):
+        return v.name
+    return repr(tuple(v)) if isinstance(v, list) else repr(v)
+
+
+def _small_value(arr: np.ndarray):
+    if arr.dtype.kind in "iu" and arr.ndim <= 1 and arr.size <= 64:
+        return tuple(int(v) for v in arr.reshape(-1))
+    return None
+
+
+def value_names(nodes: Iterable[Node]) -> set[str]:
+    return {o for n in nodes for o in n.outputs if o}

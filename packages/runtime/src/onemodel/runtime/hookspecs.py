@@ -1,0 +1,30 @@
+"""Hook specifications the runtime adds to the ``onemodel`` registry (through
+``onemodel_addhooks``)."""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("onemodel")
+
+
+@hookspec
+def onemodel_register_passes(register) -> None:
+    """Provide graph optimization passes.
+
+    :param register: ``register(name, impl, *, order=100)``. ``impl`` is a
+        :class:`onemodel.runtime.passes.Pass` subclass or a ``"module:attr"`` string naming one;
+        passes run in increasing ``order`` (the built-ins use 10 to 70), repeatedly, until none
+        changes the graph.
+    """
+
+
+@hookspec
+def onemodel_register_serializers(register) -> None:
+    """Provide a file format for graphs.
+
+    :param register: ``register(name, *, extensions, magic=b"", save, load, package)``.
+        ``extensions`` are file suffixes (``[".onemodel"]``); ``magic`` a byte prefix that
+        identifies the format's files; ``save(graph, path)`` and ``load(path) -> Graph`` are
+        callables or ``"module:attr"`` strings; ``package`` is the distribution to install.
+    """

@@ -1,0 +1,11 @@
+"""Optimization passes. The built-in ones register through ``onemodel_register_passes`` like any
+plugin's; ``default_passes()`` lists what the registry holds, in order."""
+
+from .base import Pass, PassManager
+from .cleanup import CommonSubexpressionElimination, DeadCodeElimination, IdentityElimination
+from .folding import ConstantFolding
+from .rewrites import ActivationFusion, BatchNormFolding, MatMulAddToGemm
+
+__all__ = ["ActivationFusion", "BatchNormFolding", "CommonSubexpressionElimination",
+           "ConstantFolding", "DeadCodeElimination", "IdentityElimination", "MatMulAddToGemm",
+           "Pass", "PassManager"]

@@ -1,0 +1,102 @@
+"""Passes that remove work: dead nodes, Identity and inference Dropout, duplicate nodes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Graph
+from .base import Pass, output_names, replace_uses
+
+
+class DeadCodeElimination(Pass):
+    name = "dead-code"
+    changes = "removes nodes no graph output depends on, and unused initializers"
+
+    def run(self, graph: Graph) -> bool:
+        needed = output_names(graph)
+        keep = []
+        for n in reversed(graph.nodes):
+            if any(o in needed for o in n.outputs if o):
+                keep.append(n)
+                needed.update(i for i in n.inputs if i)
+        keep.reverse()
+        unused = [k for k in graph.initializers if k not in needed]
+        for k in unused:
+            del graph.initializers[k]
+        changed = len(keep) != len(graph.nodes) or bool(unused)
+        graph.nodes = keep
+        return changed
+
+
+class IdentityElimination(Pass):
+    name = "identity"
+    changes = ("removes Identity nodes and Dropout nodes that run in inference mode (their mask "
+               "unused), rewiring their consumers")
+
+    def run(self, graph: Graph) -> bool:
+        outputs = output_names(graph)
+        inputs = {v.name for v in graph.inputs}
+        for n in list(graph.nodes):
+            if not self._is_identity(graph, n):
+                continue
+            src, dst = n.inputs[0], n.outputs[0]
+            if dst in outputs:
+                # keep the graph's output name: rename the producer's output instead, when the
+                # source is a plain intermediate value
+                if src in inputs or src in graph.initializers or src in outputs:
+                    continue
+                producer = next((p for p in graph.nodes if src in p.outputs), None)
+                if producer is None:
+                    continue
+                producer.outputs = [dst if o == src else o for o in producer.outputs]
+                replace_uses(graph, src, dst)
+            else:
+                replace_uses(graph, dst, src)
+            graph.nodes.remove(n)
+            return True
+        return False
+
+    @staticmethod
+    def _is_identity(graph: Graph, n) -> bool:
+        if n.op == "Identity":
+            return True
+        if n.op != "Dropout":
+            return False
+        if len(n.outputs) > 1 and n.outputs[1]:
+            used = any(n.outputs[1] in m.inputs for m in graph.nodes)
+            if used or n.outputs[1] in output_names(graph):
+                return False
+        training = n.inputs[2] if len(n.inputs) > 2 else ""
+        if not training:
+            return True
+        value = graph.initializers.get(training)
+        return value is not None and not bool(np.asarray(value).reshape(-1)[0])
+
+
+class CommonSubexpressionElimination(Pass):
+    name = "cse"
+    changes = "merges nodes that apply the same op with the same attributes to the same inputs"
+
+    def run(self, graph: Graph) -> bool:
+        seen: dict[tuple, object] = {}
+        outputs = output_names(graph)
+        for n in list(graph.nodes):
+            if n.op == "Dropout":
+                continue  # random in training mode
+            key = (n.op, tuple(n.inputs), _freeze(n.attrs), len(n.outputs))
+            first = seen.get(key)
+            if first is None:
+                seen[key] = n
+                continue
+            if any(o in outputs for o in n.outputs):
+                continue
+            for mine, theirs in zip(n.outputs, first.outputs):
+                if mine:
+                    replace_uses(graph, mine, theirs)
+            graph.nodes.remove(n)
+            return True
+        return False
+
+
+def _freeze(attrs: dict) -> tuple:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))

@@ -1,0 +1,236 @@
+"""Plans: for one set of input shapes, everything the executor needs, decided once.
+
+``make_plan`` binds the symbols, infers every shape, evaluates what is constant for these shapes
+(Shape and the arithmetic on it, so symbolic Reshape targets become plain constants), picks a
+kernel per node from the registry, and lays values out in numbered slots. Liveness analysis
+releases each intermediate right after its last reader, so the allocator reuses its memory for
+later values. The result is a flat list of steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec, registry
+from onemodel.tensors.ops import OPS
+
+from .graph import Graph, GraphError
+
+DEVICE = "cpu"
+_PLAN_CONST_MAX = 4096  # elements: what plan-time evaluation may produce
+
+
+@dataclass
+class Step:
+    call: Any  # kernel, or functools.partial of it with the node's attributes
+    gather: Any  # itemgetter of the input slots
+    single_input: bool
+    outs: tuple[int, ...]
+    release: tuple[int, ...]
+    label: str
+
+
+@dataclass
+class Plan:
+    template: list  # slot values before a run: None, initializers and plan-time constants
+    inputs: list[tuple[str, int]]
+    outputs: list[tuple[str, int, bool]]  # (name, slot, copy: a constant the user must not alias)
+    steps: list[Step]
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    bindings: dict[str, int] = field(default_factory=dict)
+
+    def execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        vals = self.template.copy()
+        for (_, slot), arr in zip(self.inputs, arrays):
+            vals[slot] = arr
+        for step in self.steps:
+            if step.single_input:
+                out = step.call(step.gather(vals))
+            else:
+                out = step.call(*step.gather(vals))
+            outs = step.outs
+            if len(outs) == 1:
+                vals[outs[0]] = out
+            else:
+                for slot, value in zip(outs, out):
+                    vals[slot] = value
+            for slot in step.release:
+                vals[slot] = None
+        return [vals[s].copy() if copy else vals[s] for _, s, copy in self.outputs]
+
+
+def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """Symbol -> size from the inputs' shapes; errors name the input and the axis."""
+    bindings: dict[str, int] = {}
+    where: dict[str, str] = {}
+    for v in graph.inputs:
+        shape = shapes[v.name]
+        if len(shape) != len(v.shape):
+            raise OneModelError(
+                f"input {v.name!r} has rank {len(shape)} (shape {list(shape)}); the graph expects "
+                f"rank {len(v.shape)}: [{', '.join(str(d) for d in v.shape)}]"
+            )
+        for axis, (want, got) in enumerate(zip(v.shape, shape)):
+            if isinstance(want, DimExpr):
+                if want.kind != "sym":
+                    continue  # checked below, once every symbol is bound
+                name = want.args[0]
+                if name in bindings and bindings[name] != got:
+                    raise OneModelError(
+                        f"input {v.name!r} axis {axis} is {got}, but symbol {name!r} is already "
+                        f"{bindings[name]} from {where[name]}"
+                    )
+                bindings[name] = int(got)
+                where[name] = f"input {v.name!r} axis {axis}"
+            elif int(want) != got:
+                raise OneModelError(
+                    f"input {v.name!r} axis {axis} must be {want}, got {got} (shape {list(shape)})"
+                )
+    for v in graph.inputs:
+        for axis, want in enumerate(v.shape):
+            if not isinstance(want, DimExpr) or want.kind == "sym":
+                continue
+            if want.symbols() <= set(bindings) and want.evaluate(bindings) != shapes[v.name][axis]:
+                raise OneModelError(
+                    f"input {v.name!r} axis {axis} must be {want} = "
+                    f"{want.evaluate(bindings)}, got {shapes[v.name][axis]}"
+                )
+    return bindings
+
+
+def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
+              wanted: Sequence[str]) -> Plan:
+    bindings = bind_symbols(graph, shapes)
+    slot_of: dict[str, int] = {"": 0}
+    template: list = [None]
+
+    def slot(name: str) -> int:
+        if name not in slot_of:
+            slot_of[name] = len(template)
+            template.append(None)
+        return slot_of[name]
+
+    specs: dict[str, TensorSpec] = {}
+    consts: dict[str, np.ndarray] = {}
+    for v in graph.inputs:
+        specs[v.name] = TensorSpec(tuple(shapes[v.name]), v.dtype)
+        slot(v.name)
+    for name, arr in graph.initializers.items():
+        consts[name] = arr
+        specs[name] = TensorSpec(arr.shape, DType.from_numpy(arr.dtype), _small(arr))
+        template[slot(name)] = arr
+
+    # keep only nodes the wanted outputs depend on
+    needed = set(wanted)
+    nodes = []
+    for n in reversed(graph.nodes):
+        if any(o in needed for o in n.outputs if o):
+            nodes.append(n)
+            needed.update(i for i in n.inputs if i)
+    nodes.reverse()
+
+    pending = []
+    for n in nodes:
+        op = OPS[n.op]
+        in_specs = [specs[i] if i else None for i in n.inputs]
+        try:
+            out_specs = op.infer(in_specs, n.attrs)
+        except OneModelError as exc:
+            raise GraphError(f"{n.label()}: {exc} (at {_bound(bindings)})") from None
+        for name, spec in zip(n.outputs, out_specs):
+            if name:
+                specs[name] = spec
+        if _plan_time(n, consts, out_specs):
+            args = [consts.get(i) if i else None for i in n.inputs]
+            if n.op == "Shape":
+                args = [np.empty(specs[n.inputs[0]].shape, np.int8)]
+            out = op.kernel(*args, **n.attrs)
+            outs = out if isinstance(out, tuple) else (out,)
+            for name, value in zip(n.outputs, outs):
+                if name:
+                    value = np.asarray(value)
+                    consts[name] = value
+                    specs[name] = TensorSpec(value.shape, DType.from_numpy(value.dtype),
+                                             _small(value))
+                    template[slot(name)] = value
+            continue
+        pending.append((n, in_specs))
+
+    steps_src = []
+    for n, in_specs in pending:
+        kernel = _choose_kernel(n, in_specs)
+        ins = tuple(slot(i) if i else 0 for i in n.inputs)
+        outs = tuple(slot(o) for o in n.outputs if o)
+        steps_src.append((n, kernel, ins, outs))
+
+    # liveness: release a value after its last reader (never inputs' owners' arrays we keep:
+    # constants stay in the template; graph outputs stay until the end)
+    keep = {slot_of[w] for w in wanted} | {slot_of[c] for c in consts}
+    last_use: dict[int, int] = {}
+    for k, (_, _, ins, outs) in enumerate(steps_src):
+        for s in ins + outs:
+            last_use[s] = k
+    release_at: dict[int, list[int]] = {}
+    for s, k in last_use.items():
+        if s and s not in keep:
+            release_at.setdefault(k, []).append(s)
+
+    steps = []
+    for k, (n, kernel, ins, outs) in enumerate(steps_src):
+        attrs = n.attrs
+        call = partial(kernel, **attrs) if attrs else kernel
+        gather = itemgetter(*ins) if ins else (lambda vals: ())
+        steps.append(Step(call, gather, len(ins) == 1, outs, tuple(release_at.get(k, ())),
+                          n.label()))
+    outputs = [(w, slot_of[w], w in consts) for w in wanted]
+    return Plan(template, [(v.name, slot_of[v.name]) for v in graph.inputs], outputs, steps,
+                {k: tuple(int(d) for d in s.shape) for k, s in specs.items()}, bindings)
+
+
+def _plan_time(n, consts, out_specs) -> bool:
+    """Evaluate a node while planning: Shape (its value is known once shapes are), and small
+    results computed only from constants."""
+    if n.op == "Shape":
+        return True
+    if n.op == "Dropout" or not n.inputs:
+        return False
+    if not all((not i) or i in consts for i in n.inputs):
+        return False
+    return all(int(np.prod(s.shape)) <= _PLAN_CONST_MAX for s in out_specs)
+
+
+def _choose_kernel(n, in_specs):
+    first = next((s for s in in_specs if s is not None), None)
+    dtype = first.dtype if first is not None else None
+    recs = registry.get_registry().candidates(n.op, DEVICE, dtype)
+    for rec in recs:
+        check = rec.supports_function()
+        if check is None:
+            return rec.function()
+        fakes = [None if s is None else _fake(s) for s in in_specs]
+        if check(*fakes, **n.attrs):
+            return rec.function()
+    raise GraphError(f"{n.label()}: no registered kernel accepts these inputs")
+
+
+def _fake(spec: TensorSpec) -> np.ndarray:
+    """A zero-strided array with the spec's shape and dtype, for ``supports`` checks."""
+    return as_strided(np.zeros(1, spec.dtype.numpy), shape=spec.shape,
+                      strides=(0,) * len(spec.shape), writeable=False)
+
+
+def _small(arr: np.ndarray):
+    if arr.dtype.kind in "iu" and arr.ndim <= 1 and arr.size <= 64:
+        return tuple(int(v) for v in arr.reshape(-1))
+    return None
+
+
+def _bound(bindings) -> str:
+    return ", ".join(f"{k}={v}" for k, v in bindings.items()) or "static shapes"

@@ -1,0 +1,24 @@
+"""The runtime's built-in plugin: adds the runtime's hookspecs and registers the default passes."""
+
+from __future__ import annotations
+
+from onemodel.tensors.registry import hookimpl
+
+from . import hookspecs
+
+
+@hookimpl
+def onemodel_addhooks(pluginmanager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+@hookimpl
+def onemodel_register_passes(register) -> None:
+    p = "onemodel.runtime.passes"
+    register("identity", f"{p}.cleanup:IdentityElimination", order=10)
+    register("constant-folding", f"{p}.folding:ConstantFolding", order=20)
+    register("cse", f"{p}.cleanup:CommonSubexpressionElimination", order=30)
+    register("batchnorm-folding", f"{p}.rewrites:BatchNormFolding", order=40)
+    register("matmul-add-to-gemm", f"{p}.rewrites:MatMulAddToGemm", order=50)
+    register("activation-fusion", f"{p}.rewrites:ActivationFusion", order=60)
+    register("dead-code", f"{p}.cleanup:DeadCodeElimination", order=70)

@@ -1,0 +1,152 @@
+"""``Session``: run a graph (loaded from a file or given) for inference.
+
+The graph is optimized once; each new input-shape signature gets a plan (see planner.py), kept
+in a bounded cache. ``run`` is safe to call from several threads at once."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from onemodel.tensors import DimExpr, DType, OneModelError, Tensor, registry
+
+from .graph import Graph
+from .passes import PassManager
+from .planner import Plan, make_plan
+
+
+@dataclass(frozen=True)
+class IOInfo:
+    """A session input or output: symbolic axes are given by their names."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int | str, ...]
+
+
+class Session:
+    """An inference session over one graph."""
+
+    max_plans = 32
+
+    def __init__(self, graph: Graph, *, optimize: bool = True):
+        graph.validate()
+        self.source_graph = graph
+        self.graph = graph.copy()
+        self.optimizations: dict[str, int] = {}
+        if optimize:
+            self.optimizations = PassManager(default_passes()).run(self.graph)
+        self._inputs = {v.name: v for v in self.graph.inputs}
+        self._output_names = [v.name for v in self.graph.outputs]
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path_or_graph: str | os.PathLike | Graph, *, optimize: bool = True) -> Session:
+        """A session over a graph, or over the graph in a file (``.onemodel``, ``.onnx``, or any
+        installed format, chosen by extension and then by content)."""
+        if isinstance(path_or_graph, Graph):
+            return cls(path_or_graph, optimize=optimize)
+        from .serializers import load
+
+        return cls(load(path_or_graph), optimize=optimize)
+
+    @property
+    def inputs(self) -> list[IOInfo]:
+        return [_info(v) for v in self.graph.inputs]
+
+    @property
+    def outputs(self) -> list[IOInfo]:
+        return [_info(v) for v in self.graph.outputs]
+
+    def run(self, feeds: Mapping[str, Tensor | np.ndarray],
+            outputs: Sequence[str] | None = None) -> dict[str, Tensor]:
+        """Run the graph on ``feeds`` (name -> Tensor or numpy array); returns name -> Tensor."""
+        arrays = self._check_feeds(feeds)
+        wanted = tuple(self._output_names if outputs is None else outputs)
+        key = (tuple(a.shape for a in arrays), wanted)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan(key, arrays, wanted)
+        results = plan.execute(arrays)
+        return {name: Tensor._wrap(np.asarray(r)) for name, r in zip(wanted, results)}
+
+    def plan_for(self, shapes: Mapping[str, Sequence[int]],
+                 outputs: Sequence[str] | None = None) -> Plan:
+        """The plan for these input shapes (made now if needed): for inspection and reports."""
+        arrays = [np.empty(tuple(shapes[v.name]), v.dtype.numpy) for v in self.graph.inputs]
+        wanted = tuple(self._output_names if outputs is None else outputs)
+        key = (tuple(a.shape for a in arrays), wanted)
+        return self._plans.get(key) or self._plan(key, arrays, wanted)
+
+    # ------------------------------------------------------------------------------------------
+    def _check_feeds(self, feeds: Mapping[str, Tensor | np.ndarray]) -> list[np.ndarray]:
+        unknown = [k for k in feeds if k not in self._inputs]
+        if unknown:
+            raise OneModelError(
+                f"unknown input {unknown[0]!r}; this graph's inputs are "
+                + ", ".join(f"{v.name!r}" for v in self.graph.inputs)
+            )
+        arrays = []
+        for v in self.graph.inputs:
+            if v.name not in feeds:
+                raise OneModelError(f"missing input {v.name!r} ({v.dtype.name}"
+                                    f"[{', '.join(str(d) for d in v.shape)}])")
+            value = feeds[v.name]
+            if isinstance(value, Tensor):
+                arr = value.numpy()
+            elif isinstance(value, np.ndarray):
+                arr = value
+            else:
+                raise OneModelError(f"input {v.name!r} must be a Tensor or a numpy array, not "
+                                    f"{type(value).__name__}")
+            if arr.dtype != v.dtype.numpy:
+                got = DType.from_numpy(arr.dtype).name if arr.dtype in _KNOWN else arr.dtype
+                raise OneModelError(f"input {v.name!r} must have dtype {v.dtype.name}, got {got}; "
+                                    "cast it first")
+            arrays.append(arr)
+        return arrays
+
+    def _plan(self, key, arrays, wanted) -> Plan:
+        missing = [w for w in wanted if w not in self._output_names]
+        if missing:
+            raise OneModelError(f"unknown output {missing[0]!r}; this graph's outputs are "
+                                + ", ".join(repr(o) for o in self._output_names))
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                shapes = {v.name: a.shape for v, a in zip(self.graph.inputs, arrays)}
+                plan = make_plan(self.graph, shapes, wanted)
+                self._plans[key] = plan
+                while len(self._plans) > self.max_plans:
+                    self._plans.popitem(last=False)
+            return plan
+
+
+_KNOWN = {d.numpy for d in DType}
+
+
+def _info(v) -> IOInfo:
+    return IOInfo(v.name, v.dtype, tuple(str(d) if isinstance(d, DimExpr) else int(d)
+                                         for d in v.shape))
+
+
+def default_passes():
+    """Instances of every registered pass, in their order."""
+    entries = []
+    for plugin, args, kwargs in registry.collect("onemodel_register_passes"):
+        name, impl = args[0], args[1]
+        entries.append((kwargs.get("order", 100), name, impl, plugin))
+    entries.sort(key=lambda e: e[0])
+    out = []
+    for _, name, impl, _plugin in entries:
+        cls = registry.resolve(impl)
+        p = cls()
+        p.name = name
+        out.append(p)
+    return out
