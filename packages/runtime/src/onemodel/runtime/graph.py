@@ -14,6 +14,8 @@ from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.symbolic import Dim, format_shape
 
+from .values import propagate
+
 
 class GraphError(OneModelError):
     """A graph is malformed; the message names the offending node or value."""
@@ -146,7 +148,7 @@ class Graph:
             raise GraphError(f"{n.label()}: missing required inputs of {n.op} "
                              f"({', '.join(required)})")
         try:
-            outs = op.infer(in_specs, n.attrs)
+            outs = propagate(n.op, in_specs, n.attrs, op.infer(in_specs, n.attrs))
         except OneModelError as exc:
             raise GraphError(f"{n.label()}: {exc}") from None
         if len(outs) < len([o for o in n.outputs if o]):

@@ -32,6 +32,7 @@ class Step:
     call: Any  # kernel, or functools.partial of it with the node's attributes
     gather: Any  # itemgetter of the input slots
     single_input: bool
+    multi: bool  # the kernel returns a tuple (an op with several outputs)
     outs: tuple[int, ...]
     release: tuple[int, ...]
     label: str
@@ -56,7 +57,7 @@ class Plan:
             else:
                 out = step.call(*step.gather(vals))
             outs = step.outs
-            if len(outs) == 1:
+            if not step.multi:
                 vals[outs[0]] = out
             else:
                 for slot, value in zip(outs, out):
@@ -108,8 +109,8 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[st
 def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
               wanted: Sequence[str]) -> Plan:
     bindings = bind_symbols(graph, shapes)
-    slot_of: dict[str, int] = {"": 0}
-    template: list = [None]
+    slot_of: dict[str, int] = {"": 0}  # slot 0: an omitted input; slot 1: unnamed outputs
+    template: list = [None, None]
 
     def slot(name: str) -> int:
         if name not in slot_of:
@@ -167,7 +168,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     for n, in_specs in pending:
         kernel = _choose_kernel(n, in_specs)
         ins = tuple(slot(i) if i else 0 for i in n.inputs)
-        outs = tuple(slot(o) for o in n.outputs if o)
+        outs = tuple(slot(o) if o else 1 for o in n.outputs)
         steps_src.append((n, kernel, ins, outs))
 
     # liveness: release a value after its last reader (never inputs' owners' arrays we keep:
@@ -179,7 +180,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
             last_use[s] = k
     release_at: dict[int, list[int]] = {}
     for s, k in last_use.items():
-        if s and s not in keep:
+        if s > 1 and s not in keep:
             release_at.setdefault(k, []).append(s)
 
     steps = []
@@ -187,8 +188,9 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         attrs = n.attrs
         call = partial(kernel, **attrs) if attrs else kernel
         gather = itemgetter(*ins) if ins else (lambda vals: ())
-        steps.append(Step(call, gather, len(ins) == 1, outs, tuple(release_at.get(k, ())),
-                          n.label()))
+        multi = len(OPS[n.op].outputs) > 1 or OPS[n.op].outputs[0].endswith("...")
+        steps.append(Step(call, gather, len(ins) == 1, multi, outs,
+                          tuple(release_at.get(k, ())), n.label()))
     outputs = [(w, slot_of[w], w in consts) for w in wanted]
     return Plan(template, [(v.name, slot_of[v.name]) for v in graph.inputs], outputs, steps,
                 {k: tuple(int(d) for d in s.shape) for k, s in specs.items()}, bindings)

@@ -1,0 +1,83 @@
+"""Symbolic values of small integer tensors: how a Reshape target computed from ``Shape(x)``
+stays known (as ``(batch, -1)``) while a graph is validated, before any size is bound.
+
+Only the ops that shape arithmetic uses are followed: Shape (its rule gives the value), Gather,
+Slice, Concat, Squeeze, Unsqueeze, Reshape, Identity, Cast, and elementwise Add, Sub, Mul, Div.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from onemodel.tensors import DimExpr, DType
+from onemodel.tensors.ops import OPS
+from onemodel.tensors.symbolic import add, floordiv, mul
+
+_INT = (DType.I64, DType.I32)
+_MAX = 64
+
+
+def propagate(op: str, in_specs, attrs, out_specs):
+    """``out_specs`` with ``value`` filled in where it can be derived."""
+    if len(out_specs) != 1 or out_specs[0].dtype not in _INT or out_specs[0].value is not None:
+        return out_specs
+    out = out_specs[0]
+    if len(out.shape) > 1 or not all(isinstance(d, int) for d in out.shape):
+        return out_specs
+    vals = [None if s is None else s.value for s in in_specs]
+    present = [v for s, v in zip(in_specs, vals) if s is not None]
+    if not present or any(v is None for v in present):
+        return out_specs
+    value = _symbolic(op, in_specs, vals, attrs) if _has_symbols(present) else _concrete(
+        op, in_specs, vals, attrs)
+    if value is None or len(value) > _MAX:
+        return out_specs
+    return [replace(out, value=tuple(value))]
+
+
+def _has_symbols(values) -> bool:
+    return any(isinstance(d, DimExpr) for v in values for d in v)
+
+
+def _concrete(op, in_specs, vals, attrs):
+    args = [None if s is None else np.asarray(v, s.dtype.numpy).reshape(s.shape)
+            for s, v in zip(in_specs, vals)]
+    out = OPS[op].kernel(*args, **(attrs or {}))
+    if isinstance(out, tuple):
+        return None
+    return tuple(int(x) for x in np.asarray(out).reshape(-1))
+
+
+def _symbolic(op, in_specs, vals, attrs):
+    attrs = attrs or {}
+    if op in ("Identity", "Reshape", "Squeeze", "Unsqueeze", "Cast"):
+        return vals[0]
+    if op == "Concat":
+        return tuple(d for v in vals if v is not None for d in v)
+    if op == "Gather" and len(in_specs[0].shape) == 1:
+        data, idx = vals
+        n = len(data)
+        return tuple(data[int(i) % n] for i in idx if isinstance(i, int))
+    if op == "Slice" and len(in_specs[0].shape) == 1:
+        data = list(vals[0])
+        starts, ends = vals[1], vals[2]
+        steps = vals[4] if len(vals) > 4 and vals[4] is not None else (1,)
+        if not all(isinstance(x, int) for x in (*starts, *ends, *steps)):
+            return None
+        return tuple(data[slice(starts[0], ends[0], steps[0])])
+    if op in ("Add", "Sub", "Mul", "Div"):
+        a, b = vals
+        if len(a) != len(b):
+            if len(a) == 1:
+                a = a * len(b)
+            elif len(b) == 1:
+                b = b * len(a)
+            else:
+                return None
+        fn = {"Add": add, "Mul": mul, "Sub": lambda x, y: add(x, mul(y, -1)),
+              "Div": floordiv}[op]
+        return tuple(fn(x, y) for x, y in zip(a, b))
+    return None
+

@@ -1,0 +1,160 @@
+"""Each pass, alone: it changes the graph it targets (and says so), and the optimized graph
+computes what the unoptimized one does on random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from runtime_graphs import attention, conv_net, f32, mlp, random_feeds
+
+from onemodel.runtime import GraphBuilder, Session
+from onemodel.runtime.passes import (
+    ActivationFusion,
+    BatchNormFolding,
+    CommonSubexpressionElimination,
+    ConstantFolding,
+    DeadCodeElimination,
+    IdentityElimination,
+    MatMulAddToGemm,
+    PassManager,
+)
+from onemodel.tensors import DType
+
+
+def _check(graph, passes, expect_ops_gone=(), bindings=None):
+    optimized = graph.copy()
+    counts = PassManager(passes).run(optimized)
+    assert any(counts.values()), f"no pass changed the graph: {counts}"
+    ops = {n.op for n in optimized.nodes}
+    for op in expect_ops_gone:
+        assert op not in ops, f"{op} still in the graph"
+    plain, fast = Session(graph, optimize=False), Session(optimized, optimize=False)
+    for b in (1, 3, 5):
+        feeds = random_feeds(graph, {"batch": b, "seq": 4, **(bindings or {})}, seed=b)
+        for name, want in plain.run(feeds).items():
+            np.testing.assert_allclose(fast.run(feeds)[name].numpy(), want.numpy(), rtol=1e-4,
+                                       atol=1e-5)
+    return optimized, counts
+
+
+def _chain():
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 6))
+    w = b.initializer("w", f32(rng, 6, 6))
+    dead = b.op("Exp", x)  # noqa: F841 - no output depends on it
+    y = b.op("Identity", b.op("MatMul", x, w))
+    y = b.op("Dropout", y)  # inference mode: an identity
+    folded = b.op("Mul", b.op("Add", w, w), b.const(np.float32(0.5)))  # constant: w
+    z = b.op("Add", b.op("Tanh", y), b.op("Tanh", y))  # a common subexpression
+    b.output(b.op("MatMul", z, folded), "out")
+    return b.build()
+
+
+def test_dead_code():
+    g, _ = _check(_chain(), [DeadCodeElimination()])
+    assert "Exp" not in {n.op for n in g.nodes}
+
+
+def test_identity_and_inference_dropout():
+    _check(_chain(), [IdentityElimination()], expect_ops_gone=("Identity", "Dropout"))
+
+
+def test_constant_folding():
+    g, _ = _check(_chain(), [ConstantFolding()])
+    assert sum(n.op == "Mul" for n in g.nodes) == 0
+    assert sum(n.op == "Add" for n in g.nodes) == 1
+
+
+def test_common_subexpressions():
+    g, _ = _check(_chain(), [CommonSubexpressionElimination()])
+    assert sum(n.op == "Tanh" for n in g.nodes) == 1
+
+
+def test_batchnorm_folding_into_conv():
+    _g, counts = _check(conv_net(), [BatchNormFolding()], expect_ops_gone=("BatchNormalization",))
+    assert counts["batchnorm-folding"] == 2
+
+
+def test_batchnorm_folding_into_gemm():
+    rng = np.random.default_rng(1)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 5))
+    for trans in (0, 1):
+        w = f32(rng, 4, 5) if trans else f32(rng, 5, 4)
+        x = b.op("Gemm", x, b.initializer(f"w{trans}", w), b.initializer(f"c{trans}", f32(rng, 4)),
+                 transB=trans)
+        x = b.op("BatchNormalization", x, *(b.initializer(f"{n}{trans}", v) for n, v in (
+            ("s", rng.uniform(0.5, 2, 4).astype(np.float32)), ("o", f32(rng, 4)),
+            ("m", f32(rng, 4)), ("v", rng.uniform(0.5, 2, 4).astype(np.float32)))))
+        if not trans:
+            x = b.op("Gemm", x, b.initializer("w_mid", f32(rng, 4, 5)))
+    b.output(x, "out")
+    _check(b.build(), [BatchNormFolding()], expect_ops_gone=("BatchNormalization",))
+
+
+def test_matmul_add_to_gemm():
+    g, _ = _check(mlp(sizes=(8, 6, 3)), [MatMulAddToGemm()], expect_ops_gone=("MatMul", "Add"))
+    assert [n.op for n in g.nodes].count("Gemm") == 2
+
+
+def test_matmul_add_is_left_alone_for_3d_inputs():
+    g = attention()
+    optimized = g.copy()
+    MatMulAddToGemm().run(optimized)
+    assert [n.op for n in optimized.nodes] == [n.op for n in g.nodes]
+
+
+@pytest.mark.parametrize("activation", ["Relu", "Sigmoid", "Tanh"])
+def test_activation_fusion(activation):
+    rng = np.random.default_rng(2)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 2, 5, 5))
+    h = b.op(activation, b.op("Conv", x, b.initializer("w", f32(rng, 3, 2, 3, 3)),
+                              b.initializer("b", f32(rng, 3)), pads=(1, 1, 1, 1)))
+    h = b.op("Reshape", h, b.const([0, -1], "I64"))
+    h = b.op(activation, b.op("Gemm", h, b.initializer("w2", f32(rng, 75, 4, scale=0.2))))
+    b.output(h, "out")
+    g, _ = _check(b.build(), [ActivationFusion()], expect_ops_gone=(activation,))
+    assert {n.op for n in g.nodes} >= {"FusedConv", "FusedGemm"}
+
+
+def test_full_pipeline_on_every_model():
+    from onemodel.runtime.session import default_passes
+
+    for graph in (mlp(sizes=(10, 8, 4)), conv_net(), attention(), _chain()):
+        _check(graph, default_passes())
+
+
+def test_passes_come_from_the_registry_and_declare_their_changes():
+    from onemodel.runtime.session import default_passes
+
+    passes = default_passes()
+    assert [p.name for p in passes] == ["identity", "constant-folding", "cse", "batchnorm-folding",
+                                        "matmul-add-to-gemm", "activation-fusion", "dead-code"]
+    assert all(p.changes for p in passes)
+
+
+def test_a_plugin_pass_runs_in_sessions(isolated_runtime):
+    from onemodel.runtime.passes import Pass
+    from onemodel.tensors import registry
+    from onemodel.tensors.registry import hookimpl
+
+    class TanhToRelu(Pass):
+        changes = "replaces Tanh with Relu (a test of plugin passes)"
+
+        def run(self, graph):
+            hits = [n for n in graph.nodes if n.op == "Tanh"]
+            for n in hits:
+                n.op = "Relu"
+            return bool(hits)
+
+    class Plugin:
+        @hookimpl
+        def onemodel_register_passes(self, register):
+            register("tanh-to-relu", TanhToRelu, order=5)
+
+    registry.register_plugin(Plugin(), "test-pass")
+    s = Session(_chain())
+    assert s.optimizations["tanh-to-relu"] == 1
+    assert "Tanh" not in {n.op for n in s.graph.nodes}
