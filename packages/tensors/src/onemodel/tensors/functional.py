@@ -173,7 +173,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True,
         return x
     if p == 1:
         return x * 0
-    keep = (generator or default_generator).bernoulli(x.shape, 1 - p)
+    keep = (generator or default_generator()).bernoulli(x.shape, 1 - p)
     mask = Tensor._wrap((keep / (1 - p)).astype(x._data.dtype))
     return x * mask
 

@@ -46,4 +46,12 @@ class Generator:
         return f"Generator(seed={self.seed})"
 
 
-default_generator = Generator()
+_default: Generator | None = None
+
+
+def default_generator() -> Generator:
+    """The stream used when no generator is given (seeded from the operating system)."""
+    global _default
+    if _default is None:  # made on first use: numpy.random costs tens of ms to import
+        _default = Generator()
+    return _default

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.metadata
 import os
 import threading
 import warnings
@@ -160,7 +159,7 @@ class Registry:
                     stacklevel=2,
                 )
                 continue
-            dist = ep.dist.name if ep.dist is not None else None
+            dist = ep.dist.name if getattr(ep, "dist", None) is not None else None
             self._register(pm, plugin, ep.name, dist)
         return pm
 
@@ -170,6 +169,8 @@ class Registry:
         pm.register(plugin, name=name)
         version = "unknown"
         if dist:
+            import importlib.metadata
+
             with contextlib.suppress(importlib.metadata.PackageNotFoundError):
                 version = importlib.metadata.version(dist)
         version = getattr(plugin, "__version__", version)
@@ -293,7 +294,9 @@ def _env_list(name: str) -> set[str] | None:
     return {p.strip() for p in raw.split(",") if p.strip()}
 
 
-def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
+def _entry_points() -> Iterable:
+    import importlib.metadata  # not at import time: it costs tens of milliseconds
+
     return importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
 
 

@@ -106,13 +106,13 @@ class Tensor:
     @classmethod
     def rand(cls, *shape, generator: Generator | None = None, dtype=DType.F32) -> Tensor:
         """Uniform samples in [0, 1) from ``generator``."""
-        g = generator or default_generator
+        g = generator or default_generator()
         return cls._wrap(g.uniform(_shape_tuple(shape), dtype=dtype))
 
     @classmethod
     def randn(cls, *shape, generator: Generator | None = None, dtype=DType.F32) -> Tensor:
         """Standard normal samples from ``generator``."""
-        g = generator or default_generator
+        g = generator or default_generator()
         return cls._wrap(g.normal(_shape_tuple(shape), dtype=dtype))
 
     # properties -------------------------------------------------------------------------------

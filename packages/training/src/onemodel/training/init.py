@@ -19,7 +19,7 @@ def fan_in(shape) -> int:
 
 
 def uniform(shape, bound: float, generator: Generator | None, dtype=np.float32) -> Parameter:
-    g = generator or default_generator
+    g = generator or default_generator()
     return Parameter(g.uniform(shape, -bound, bound).astype(dtype))
 
 
@@ -45,5 +45,5 @@ def ones(shape) -> Parameter:
 
 
 def normal(shape, generator: Generator | None, std: float = 1.0) -> Parameter:
-    g = generator or default_generator
+    g = generator or default_generator()
     return Parameter(g.normal(shape, 0.0, std))
