@@ -1,6 +1,6 @@
 """onemodel.tensors: tensors, the op set, autograd and the plugin registry."""
 
-from . import functional, registry
+from . import functional, registry, trace_state
 from .autograd import enable_grad, is_grad_enabled, no_grad
 from .dtype import DType
 from .errors import (
@@ -53,6 +53,7 @@ __all__ = [
     "split",
     "stack",
     "tensor",
+    "trace_state",
     "where",
     "zeros_like",
 ]

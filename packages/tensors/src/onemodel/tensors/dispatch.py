@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from . import registry
+from . import registry, trace_state
 from .autograd import Node, grad_mode
 from .dtype import DType
 from .errors import OneModelError, ShapeError
@@ -34,6 +34,10 @@ def set_observer(callback) -> None:
 def dispatch(op: str, inputs: Sequence[Tensor | None], attrs: dict[str, Any] | None = None):
     """Run ``op`` on ``inputs`` (``None`` for an omitted optional input) and return a Tensor, or a
     tuple of Tensors for an op with several outputs."""
+    if trace_state.active is not None:
+        traced = trace_state.active.record(op, inputs, attrs)
+        if traced is not NotImplemented:
+            return traced
     arrays = [None if t is None else t._data for t in inputs]
     key = (op, *[None if a is None else a.dtype for a in arrays])
     entry = _cache.get(key)
@@ -62,6 +66,10 @@ def dispatch(op: str, inputs: Sequence[Tensor | None], attrs: dict[str, Any] | N
 
 def dispatch_binary(op: str, a: Tensor, b: Tensor):
     """:func:`dispatch` for the common two-input, no-attribute call (Python operators)."""
+    if trace_state.active is not None:
+        traced = trace_state.active.record(op, (a, b), None)
+        if traced is not NotImplemented:
+            return traced
     da, db = a._data, b._data
     entry = _cache.get((op, da.dtype, db.dtype))
     if entry is None:

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import trace_state
+from .autograd import is_grad_enabled
 from .dtype import DType
 from .errors import OneModelError, ShapeError
 from .generator import Generator, default_generator
@@ -116,6 +118,10 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
             raise OneModelError("batch_norm in eval mode needs running_mean and running_var")
         return _call("BatchNormalization", x, weight, bias, running_mean, running_var,
                      epsilon=float(eps))
+    if trace_state.is_traced(x):
+        trace_state.refuse("batch_norm in training mode",
+                           "it updates running statistics from batch data",
+                           "trace in eval mode (Module.trace does this)")
     axes = (0, *range(2, x.ndim))
     shape = (1, c) + (1,) * (x.ndim - 2)
     mean = x.mean(axis=axes, keepdims=True)
@@ -171,6 +177,9 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True,
         raise OneModelError(f"dropout probability must be in [0, 1], got {p}")
     if not training or p == 0:
         return x
+    if trace_state.is_traced(x):
+        trace_state.refuse("dropout in training mode", "random masks have no graph form",
+                           "trace in eval mode (Module.trace does this) or pass training=False")
     if p == 1:
         return x * 0
     keep = (generator or default_generator()).bernoulli(x.shape, 1 - p)
@@ -185,7 +194,7 @@ def embedding(indices: Tensor, weight: Tensor, padding_idx: int | None = None) -
     if indices.dtype not in (DType.I64, DType.I32):
         raise OneModelError(f"embedding indices must be integers, got {indices.dtype.name}")
     out = _call("Gather", weight, indices.cast(DType.I64), axis=0)
-    if padding_idx is not None and weight.requires_grad:
+    if padding_idx is not None and weight.requires_grad and is_grad_enabled():
         keep = (indices != padding_idx).unsqueeze(-1)
         out = where(keep, out, out.detach())
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import OneModelError, ShapeError
+from .symbolic import SymInt
 from .tensor import Tensor, _call, _const
 
 _BIG = np.iinfo(np.int64).max
@@ -62,6 +63,20 @@ def getitem(x: Tensor, index) -> Tensor:
             continue
         size = x.shape[dim]
         if isinstance(item, slice):
+            if isinstance(size, SymInt):
+                # a symbolic axis: keep the slice's own numbers; Slice clamps when it runs
+                step = 1 if item.step is None else int(item.step)
+                start = item.start if item.start is not None else (0 if step > 0 else -1)
+                stop = item.stop if item.stop is not None else (_BIG if step > 0 else -_BIG)
+                start, stop = int(start), int(stop)
+                if (start, stop, step) != (0, _BIG, 1):
+                    starts.append(start)
+                    ends.append(stop)
+                    axes.append(dim)
+                    steps.append(step)
+                out += 1
+                dim += 1
+                continue
             start, stop, step = item.indices(size)
             if (start, stop, step) != (0, size, 1):
                 starts.append(start)
@@ -88,9 +103,13 @@ def getitem(x: Tensor, index) -> Tensor:
             i = int(item)
             if not -size <= i < size:
                 raise ShapeError(f"index {i} is out of range for axis {dim} of size {size}")
-            i %= size
-            starts.append(i)
-            ends.append(i + 1)
+            if isinstance(size, SymInt) and i < 0:
+                starts.append(i)  # counted from the end of the axis when the graph runs
+                ends.append(i + 1 if i < -1 else _BIG)
+            else:
+                i %= size
+                starts.append(i)
+                ends.append(i + 1)
             axes.append(dim)
             steps.append(1)
             squeeze.append(dim)

@@ -184,3 +184,72 @@ def numel(shape: Sequence[Dim]) -> Dim:
     for d in shape:
         out = mul(out, d)
     return out
+
+
+class SymInt(int):
+    """An int that remembers a symbolic dimension: ``tensor.shape[0]`` while tracing.
+
+    It behaves as its example value (comparisons and branches see that number), and its arithmetic
+    with ints and other SymInts is recorded in ``expr``, so ``x.shape[0] * 2`` stays symbolic when
+    it reaches a shape argument such as ``reshape``."""
+
+    expr: Dim
+
+    def __new__(cls, value: int, expr: Dim):
+        obj = super().__new__(cls, int(value))
+        obj.expr = expr
+        return obj
+
+    def _wrap(self, value, expr):
+        return SymInt(value, expr) if isinstance(expr, DimExpr) else int(value)
+
+    def __add__(self, o):
+        return self._wrap(int(self) + int(o), add(self.expr, _expr(o))) if _is_int(o) else NotImplemented
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return self._wrap(int(self) - int(o), add(self.expr, mul(_expr(o), -1))) if _is_int(o) \
+            else NotImplemented
+
+    def __rsub__(self, o):
+        return self._wrap(int(o) - int(self), add(_expr(o), mul(self.expr, -1))) if _is_int(o) \
+            else NotImplemented
+
+    def __mul__(self, o):
+        return self._wrap(int(self) * int(o), mul(self.expr, _expr(o))) if _is_int(o) else NotImplemented
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o):
+        return self._wrap(int(self) // int(o), floordiv(self.expr, _expr(o))) if _is_int(o) \
+            else NotImplemented
+
+    def __rfloordiv__(self, o):
+        return self._wrap(int(o) // int(self), floordiv(_expr(o), self.expr)) if _is_int(o) \
+            else NotImplemented
+
+    def __neg__(self):
+        return self._wrap(-int(self), mul(self.expr, -1))
+
+    def __pos__(self):
+        return self
+
+    def __repr__(self) -> str:
+        return f"SymInt({int(self)}, {self.expr})"
+
+    def __reduce__(self):
+        return (int, (int(self),))
+
+
+def _is_int(o) -> bool:
+    return isinstance(o, int) and not isinstance(o, bool)
+
+
+def _expr(o) -> Dim:
+    return o.expr if isinstance(o, SymInt) else int(o)
+
+
+def as_dim(d) -> Dim:
+    """The symbolic form of a dim given as an int, a SymInt or a DimExpr."""
+    return d.expr if isinstance(d, SymInt) else d

@@ -9,11 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import math
+
 import numpy as np
 
+from . import trace_state
 from .dtype import DType, result_dtype
 from .errors import AutogradError, OneModelError, ShapeError
 from .generator import Generator, default_generator
+from .symbolic import SymInt
 
 _I64 = np.dtype(np.int64)
 
@@ -31,6 +35,7 @@ class Tensor:
 
     __slots__ = ("__weakref__", "_data", "_index", "_node", "grad", "requires_grad")
     __array_priority__ = 1000  # numpy defers to our operators: ndarray + Tensor -> Tensor
+    _traced = False  # True for the stand-ins a trace records (onemodel.tracing)
 
     def __init__(self, data, dtype: DType | str | None = None, requires_grad: bool = False):
         if isinstance(data, Tensor):
@@ -408,7 +413,7 @@ class Tensor:
 
     # shapes -----------------------------------------------------------------------------------
     def reshape(self, *shape):
-        return _call("Reshape", self, _const(_shape_tuple(shape)))
+        return _call("Reshape", self, trace_state.shape_operand(_dims(shape)))
 
     view = reshape
 
@@ -420,8 +425,7 @@ class Tensor:
         if s > e:
             raise ShapeError(f"flatten: start_dim {start_dim} is after end_dim {end_dim}")
         dims = self.shape
-        new = list(dims[:s]) + [int(np.prod(dims[s : e + 1], dtype=np.int64))] + list(dims[e + 1 :])
-        return self.reshape(*new)
+        return self.reshape(*dims[:s], math.prod(dims[s : e + 1]), *dims[e + 1 :])
 
     def transpose(self, dim0: int = -2, dim1: int = -1):
         nd = self.ndim
@@ -452,14 +456,14 @@ class Tensor:
         return _call("Unsqueeze", self, _const(axes))
 
     def expand(self, *shape):
-        dims = list(_shape_tuple(shape))
+        dims = list(_dims(shape))
         off = len(dims) - self.ndim
         for i, d in enumerate(dims):
             if d == -1:
                 if i < off:
                     raise ShapeError("expand: -1 is not allowed for a new leading axis")
                 dims[i] = self.shape[i - off]
-        return _call("Expand", self, _const(dims))
+        return _call("Expand", self, trace_state.shape_operand(dims))
 
     def expand_as(self, other: Tensor):
         return self.expand(*other.shape)
@@ -547,10 +551,21 @@ def _grad_enabled() -> bool:
     return grad_mode.enabled
 
 
-def _shape_tuple(shape) -> tuple[int, ...]:
+def _dims(shape) -> tuple:
+    """Dims given as ``f(2, 3)`` or ``f((2, 3))``, kept as given (SymInts stay symbolic)."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = shape[0]
-    return tuple(int(d) for d in shape)
+    return tuple(shape)
+
+
+def _shape_tuple(shape) -> tuple[int, ...]:
+    """Concrete dims for creating a tensor; a symbolic size cannot be frozen into a constant."""
+    dims = _dims(shape)
+    if any(isinstance(d, SymInt) for d in dims):
+        trace_state.refuse("creating a tensor with a symbolic size",
+                           "its size would be frozen to the example's",
+                           "build it from a traced tensor instead (x * 0, or x.expand(...))")
+    return tuple(int(d) for d in dims)
 
 
 def _dtype_and_shape(args, dtype) -> tuple[DType, tuple[int, ...]]:
@@ -598,6 +613,8 @@ def _operand(value, other: Tensor) -> Tensor:
     if isinstance(value, np.ndarray):
         return Tensor.from_numpy(value)
     dt = other._data.dtype
+    if isinstance(value, SymInt) and trace_state.active is not None:
+        return trace_state.active.scalar_operand(value, dt)
     if isinstance(value, bool):
         pass
     elif isinstance(value, float) and dt.kind in "iub":
@@ -675,7 +692,7 @@ def split(x: Tensor, split_size_or_sections, axis: int = 0) -> tuple[Tensor, ...
         sections = [int(s) for s in split_size_or_sections]
     if sum(sections) != n:
         raise ShapeError(f"split: sections {sections} do not add up to axis {axis} size {n}")
-    out = dispatch("Split", (x, _const(sections)), {"axis": int(axis)})
+    out = dispatch("Split", (x, trace_state.shape_operand(sections)), {"axis": int(axis)})
     return out if isinstance(out, tuple) else (out,)
 
 

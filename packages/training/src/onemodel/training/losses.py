@@ -4,8 +4,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from onemodel.tensors import DType, OneModelError, ShapeError, Tensor, where
+import functools
+
+from onemodel.tensors import DType, OneModelError, ShapeError, Tensor, trace_state, where
 from onemodel.tensors.dispatch import dispatch
+
+
+def _not_traceable(fn):
+    """Losses belong to training: refuse them when called on traced tensors."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if trace_state.active is not None and any(
+            trace_state.is_traced(a) for a in (*args, *kwargs.values())
+        ):
+            trace_state.refuse(f"losses.{fn.__name__}", "losses have no place in an inference graph",
+                               "trace the model's forward pass and compute the loss outside it")
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _reduce(loss: Tensor, reduction: str) -> Tensor:
@@ -24,6 +41,7 @@ def _same_shape(name: str, a: Tensor, b: Tensor) -> None:
                          f"{list(b.shape)} differ")
 
 
+@_not_traceable
 def mse(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """Mean squared error."""
     _same_shape("mse", input, target)
@@ -34,11 +52,13 @@ def mse(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
 mse_loss = mse
 
 
+@_not_traceable
 def l1(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     _same_shape("l1", input, target)
     return _reduce((input - target).abs(), reduction)
 
 
+@_not_traceable
 def smooth_l1(input: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
     """Huber-like loss: quadratic below ``beta``, linear above."""
     _same_shape("smooth_l1", input, target)
@@ -48,6 +68,7 @@ def smooth_l1(input: Tensor, target: Tensor, reduction: str = "mean", beta: floa
     return _reduce(where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta), reduction)
 
 
+@_not_traceable
 def nll(log_probs: Tensor, target: Tensor, weight: Tensor | None = None,
         ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """Negative log likelihood of class indices; classes on axis 1 ((N, C) or (N, C, d...))."""
@@ -74,6 +95,7 @@ def nll(log_probs: Tensor, target: Tensor, weight: Tensor | None = None,
 nll_loss = nll
 
 
+@_not_traceable
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                   ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
@@ -106,6 +128,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     return loss * (1 - label_smoothing) + smooth * (label_smoothing / c)
 
 
+@_not_traceable
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                          reduction: str = "mean") -> Tensor:
     """BCE of probabilities; log is clamped at -100 as in PyTorch."""
@@ -118,6 +141,7 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     return _reduce(loss, reduction)
 
 
+@_not_traceable
 def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
                                      reduction: str = "mean",
                                      pos_weight: Tensor | None = None) -> Tensor:
@@ -134,6 +158,7 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tens
     return _reduce(loss, reduction)
 
 
+@_not_traceable
 def ctc(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, blank: int = 0,
         reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
     """PyTorch's ``ctc_loss``: ``log_probs`` (T, N, C) from log_softmax, ``targets`` padded

@@ -1,0 +1,159 @@
+"""TracedModel: a traced graph, ready to save, run, report and check against eager."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from onemodel.runtime import Graph, Session
+from onemodel.runtime import save as save_graph
+from onemodel.runtime.session import IOInfo, _info
+from onemodel.tensors import DimExpr, OneModelError, Tensor
+
+
+@dataclass
+class CheckReport:
+    """What :meth:`TracedModel.check` found: the largest difference at each size."""
+
+    differences: dict[str, float] = field(default_factory=dict)  # "batch=3" -> max |eager - graph|
+    tolerance: float = 0.0
+
+    @property
+    def largest(self) -> float:
+        return max(self.differences.values(), default=0.0)
+
+    @property
+    def ok(self) -> bool:
+        return self.largest <= self.tolerance
+
+    def __str__(self) -> str:
+        lines = [f"{k}: largest difference {v:.3g}" for k, v in self.differences.items()]
+        verdict = "OK" if self.ok else "MISMATCH"
+        lines.append(f"{verdict}: largest difference {self.largest:.3g} "
+                     f"(tolerance {self.tolerance:.3g})")
+        return "\n".join(lines)
+
+
+class TracedModel:
+    """The result of a trace: ``graph``, ``inputs``/``outputs``, ``save``, ``save_onnx``,
+    ``session()``, ``report()`` and ``check(sizes=...)``."""
+
+    def __init__(self, graph: Graph, *, source=None, example_inputs=None, axes=None):
+        self.graph = graph
+        self._source = source
+        self._examples = example_inputs or {}
+        self._axes = axes or {}
+        self._session: Session | None = None
+
+    @property
+    def inputs(self) -> list[IOInfo]:
+        return [_info(v) for v in self.graph.inputs]
+
+    @property
+    def outputs(self) -> list[IOInfo]:
+        return [_info(v) for v in self.graph.outputs]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save in the native ``.onemodel`` format (needs onemodel-native)."""
+        save_graph(self.graph, path, format="native")
+
+    def save_onnx(self, path: str | os.PathLike, opset: int | None = None) -> None:
+        """Save as ONNX (needs onemodel-onnx)."""
+        options = {} if opset is None else {"opset": opset}
+        save_graph(self.graph, path, format="onnx", **options)
+
+    def session(self, *, optimize: bool = True) -> Session:
+        """An in-memory inference session over the graph."""
+        if self._session is None or not optimize:
+            s = Session(self.graph, optimize=optimize)
+            if not optimize:
+                return s
+            self._session = s
+        return self._session
+
+    def run(self, feeds: Mapping[str, Tensor | np.ndarray]) -> dict[str, Tensor]:
+        return self.session().run(feeds)
+
+    def report(self) -> str:
+        """Every node with its symbolic output shapes."""
+        return str(self.graph)
+
+    __str__ = report
+
+    def check(self, sizes: Mapping[str, Sequence[int]] | None = None, *, rtol: float = 1e-5,
+              atol: float = 1e-5, seed: int = 0) -> CheckReport:
+        """Run eager forward (in eval mode) and the graph side by side on random inputs at each
+        size of each symbolic axis; report the largest difference. ``sizes`` maps an axis name to
+        the sizes to try (default: 1, the example size and 2x+1 of it)."""
+        if self._source is None:
+            raise OneModelError("check() needs the traced module or function; this TracedModel "
+                                "was loaded without it")
+        symbols = sorted({str(d) for v in self.graph.inputs for d in v.shape
+                          if isinstance(d, DimExpr)})
+        examples = {}
+        for name, t in self._examples.items():
+            for axis, sym in enumerate(self._axes.get(name, ())):
+                if sym is not None:
+                    examples[sym] = t.shape[axis]
+        sizes = dict(sizes or {s: [1, examples[s], 2 * examples[s] + 1] for s in symbols})
+        unknown = set(sizes) - set(symbols)
+        if unknown:
+            raise OneModelError(f"check(): {sorted(unknown)} are not symbolic axes of this graph "
+                                f"({symbols})")
+        rng = np.random.default_rng(seed)
+        report = CheckReport(tolerance=atol)
+        runs = max((len(v) for v in sizes.values()), default=1)
+        session = self.session()
+        modes = ([(m, m.training) for m in self._source.modules()]
+                 if hasattr(self._source, "modules") else [])
+        try:
+            if modes:
+                self._source.eval()
+            for i in range(runs):
+                bound = {**examples, **{s: v[min(i, len(v) - 1)] for s, v in sizes.items()}}
+                feeds = {}
+                for v in self.graph.inputs:
+                    shape = tuple(bound[str(d)] if isinstance(d, DimExpr) else int(d)
+                                  for d in v.shape)
+                    ex = self._examples[v.name].numpy()
+                    if v.dtype.is_floating:
+                        arr = rng.standard_normal(shape).astype(v.dtype.numpy)
+                    else:  # integer inputs (indices): draw below the example's largest value
+                        arr = rng.integers(0, max(int(ex.max()) + 1, 1), shape).astype(
+                            v.dtype.numpy)
+                    feeds[v.name] = arr
+                graph_out = session.run(feeds)
+                fn = self._source.forward if hasattr(self._source, "forward") else self._source
+                eager = _outputs(fn(*[Tensor.from_numpy(a) for a in feeds.values()]),
+                                 [o.name for o in self.graph.outputs])
+                label = ", ".join(f"{s}={bound[s]}" for s in sorted(sizes))
+                diff = 0.0
+                for name, g in graph_out.items():
+                    e = eager[name]
+                    if g.shape != e.shape:
+                        raise OneModelError(f"check(): output {name!r} at {label} has shape "
+                                            f"{list(g.shape)} in the graph, {list(e.shape)} eager")
+                    scale = rtol * np.abs(e).astype(np.float64)
+                    err = np.abs(g.numpy().astype(np.float64) - e.astype(np.float64)) - scale
+                    diff = max(diff, float(np.max(err, initial=0.0)))
+                report.differences[label] = diff
+        finally:
+            for m, training in modes:
+                object.__setattr__(m, "training", training)
+        return report
+
+
+def _outputs(result, names) -> dict[str, np.ndarray]:
+    if isinstance(result, Mapping):
+        values = list(result.values())
+    elif isinstance(result, (tuple, list)):
+        values = list(result)
+    else:
+        values = [result]
+    return {n: v.numpy() for n, v in zip(names, values)}
+
+
+__all__ = ["CheckReport", "TracedModel"]
