@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Set up the development environment and run the project's jobs: the README's two commands.
 
-    python3 scripts/dev.py demo     # the main job (installs what it needs, then runs it)
+    python3 scripts/dev.py recipe   # the main job: the spec's recipe (installs what it needs)
     python3 scripts/dev.py test     # the whole test suite, after ruff
     python3 scripts/dev.py bench    # the benchmark scripts
     python3 scripts/dev.py lint     # ruff only
+    python3 scripts/dev.py demo     # a short tour of tensors and autograd
 
 A virtual environment is made in ``.venv`` with every distribution of the monorepo installed
 editable, plus the test tools (PyTorch as the test oracle, onnxruntime, pytest, ruff). It is
@@ -89,11 +90,13 @@ def test(extra: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "bench", "lint", "setup"):
+    if not argv or argv[0] not in ("recipe", "demo", "test", "bench", "lint", "setup"):
         print(__doc__)
         return 2
     ensure_environment()
     job, extra = argv[0], argv[1:]
+    if job == "recipe":
+        return run("examples/recipe.py", *extra)
     if job == "demo":
         return run("examples/demo.py", *extra)
     if job == "test":

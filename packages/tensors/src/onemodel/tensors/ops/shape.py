@@ -61,6 +61,25 @@ def reshape(data, shape, *, allowzero=0):
     return data.reshape(reshape_target(data.shape, target, allowzero))
 
 
+def _flatten_shape(specs, *, axis=1):
+    x = specs[0]
+    nd = len(x.shape)
+    a = axis % nd if nd and axis < 0 else axis
+    if not 0 <= a <= nd:
+        raise ShapeError(f"Flatten axis {axis} is out of range for rank {nd}")
+    return TensorSpec((numel(x.shape[:a]), numel(x.shape[a:])), x.dtype)
+
+
+@defop("Flatten", shape=_flatten_shape,
+       grad=lambda ctx, g: g.reshape(*ctx.inputs[0].shape))
+def flatten(input, *, axis=1):
+    """ONNX Flatten: a 2-D view, the axes before ``axis`` in the first dimension."""
+    a = axis % input.ndim if input.ndim and axis < 0 else axis
+    return input.reshape(int(np.prod(input.shape[:a], dtype=np.int64)), -1) if input.size else \
+        input.reshape(int(np.prod(input.shape[:a], dtype=np.int64)),
+                      int(np.prod(input.shape[a:], dtype=np.int64)))
+
+
 # Transpose -----------------------------------------------------------------------------------
 
 def _perm(ndim, perm):

@@ -1,0 +1,98 @@
+"""Graph -> ONNX ModelProto.
+
+The op set follows ONNX semantics, so nodes map one to one. Symbolic dims become ``dim_param``
+under the user's axis names; shape arithmetic recorded by the tracer (Shape, Gather, Concat...)
+is exported as nodes, so no example size is frozen into a Reshape target.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from onemodel.runtime import Graph
+from onemodel.tensors import DimExpr, DType, OneModelError
+from onemodel.tensors.fileio import atomic_write
+from onemodel.tensors.ops import OPS
+
+from .dtypes import TO_ONNX
+
+# the opset each op's form needs (ops not listed need opset <= 18)
+_MIN_OPSET = {"Gelu": 20, "Pad": 18}
+DEFAULT_OPSET = 18
+IR_VERSION = 8
+
+
+def required_opset(graph: Graph) -> int:
+    need = DEFAULT_OPSET
+    for n in graph.nodes:
+        need = max(need, _MIN_OPSET.get(n.op, 0))
+        if n.op == "Pad" and n.attrs.get("mode") == "wrap":
+            need = max(need, 19)
+    return need
+
+
+def to_model(graph: Graph, opset: int | None = None):
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph.validate()
+    need = required_opset(graph)
+    target = need if opset is None else int(opset)
+    for n in graph.nodes:
+        if OPS[n.op].domain:
+            raise OneModelError(f"node {n.name} ({n.op}) is a OneModel-internal op with no ONNX "
+                                "form; export the graph before optimization (TracedModel.graph)")
+    nodes = [helper.make_node(n.op, list(n.inputs), list(n.outputs), name=n.name or None,
+                              **{k: _attr(v) for k, v in n.attrs.items() if v is not None})
+             for n in graph.nodes]
+    inits = [numpy_helper.from_array(np.ascontiguousarray(a), name)
+             for name, a in graph.initializers.items()]
+    g = helper.make_graph(nodes, graph.name or "graph",
+                          [_value_info(v.name, v.dtype, v.shape) for v in graph.inputs],
+                          [_value_info(v.name, v.dtype, v.shape) for v in graph.outputs], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", need)],
+                              producer_name=graph.metadata.get("producer", "onemodel"),
+                              producer_version=graph.metadata.get("producer_version", "0.1.0"))
+    model.ir_version = IR_VERSION
+    for k, v in graph.metadata.items():
+        if k not in ("producer", "producer_version"):
+            entry = model.metadata_props.add()
+            entry.key, entry.value = str(k), str(v)
+    if target != need:
+        if target < need:
+            from onnx import version_converter
+
+            try:
+                model = version_converter.convert_version(model, target)
+            except Exception as exc:
+                raise OneModelError(f"cannot export at opset {target}: this graph needs opset "
+                                    f"{need} ({exc})") from None
+        else:
+            model.opset_import[0].version = target
+    onnx.checker.check_model(model)
+    return model
+
+
+def save(graph: Graph, path: str | os.PathLike, opset: int | None = None) -> None:
+    model = to_model(graph, opset)
+    atomic_write(path, [model.SerializeToString()])
+
+
+def _value_info(name: str, dtype: DType, shape):
+    from onnx import helper
+
+    dims = [str(d) if isinstance(d, DimExpr) else int(d) for d in shape]
+    return helper.make_tensor_value_info(name, TO_ONNX[dtype], dims)
+
+
+def _attr(v: Any):
+    if isinstance(v, DType):
+        return TO_ONNX[v]
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, tuple):
+        return list(v)
+    return v
