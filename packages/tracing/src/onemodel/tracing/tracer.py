@@ -219,7 +219,12 @@ class Tracer:
     def shape_operand(self, dims) -> Tensor:
         """A 1-D I64 tensor holding ``dims``: a constant if every dim is a plain int (after the
         spec's rule matches ints equal to a symbolic example size), else Shape arithmetic."""
-        resolved = [self._match(d) for d in dims]
+        explicit: set[str] = set()
+        for d in dims:
+            e = as_dim(d)
+            if isinstance(e, DimExpr):
+                explicit |= e.symbols()
+        resolved = [self._match(d, explicit) for d in dims]
         if not any(isinstance(d, DimExpr) for d in resolved):
             return Tensor._wrap(np.asarray([int(d) for d in resolved], np.int64))
         parts, run = [], []
@@ -239,13 +244,15 @@ class Tracer:
 
         return dispatch("Concat", parts, {"axis": 0})
 
-    def _match(self, d) -> Dim:
+    def _match(self, d, explicit: set[str]) -> Dim:
+        """The spec's rule: a plain int equal to a symbolic example size is taken as that axis,
+        unless the same shape already names the axis through x.shape[...]."""
         if isinstance(d, SymInt):
             return d.expr
         if isinstance(d, DimExpr):
             return d
         d = int(d)
-        hits = [s for s, size in self._examples.items() if size == d]
+        hits = [s for s, size in self._examples.items() if size == d and s not in explicit]
         if not hits:
             return d
         if d in self._fixed_dims:
