@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import trace_state
 from .errors import OneModelError, ShapeError
 from .symbolic import SymInt
 from .tensor import Tensor, _call, _const
@@ -68,8 +69,7 @@ def getitem(x: Tensor, index) -> Tensor:
                 step = 1 if item.step is None else int(item.step)
                 start = item.start if item.start is not None else (0 if step > 0 else -1)
                 stop = item.stop if item.stop is not None else (_BIG if step > 0 else -_BIG)
-                start, stop = int(start), int(stop)
-                if (start, stop, step) != (0, _BIG, 1):
+                if (int(start), int(stop), step) != (0, _BIG, 1):
                     starts.append(start)
                     ends.append(stop)
                     axes.append(dim)
@@ -117,7 +117,8 @@ def getitem(x: Tensor, index) -> Tensor:
 
     y = x
     if axes:
-        y = _call("Slice", y, _const(starts), _const(ends), _const(axes), _const(steps))
+        y = _call("Slice", y, trace_state.shape_operand(starts), trace_state.shape_operand(ends),
+                  _const(axes), _const(steps))
     if gather is not None:
         at, idx = gather
         y = _call("Gather", y, Tensor._wrap(idx), axis=at)

@@ -108,17 +108,51 @@ def _terms(d: Dim, kind: str) -> list[Dim]:
     return list(d.args) if isinstance(d, DimExpr) and d.kind == kind else [d]
 
 
+def _coef_base(term: DimExpr) -> tuple[int, Dim]:
+    """A product term as (constant factor, the rest): 2 * batch -> (2, batch)."""
+    if term.kind != "*":
+        return 1, term
+    const = 1
+    syms = []
+    for f in term.args:
+        if isinstance(f, DimExpr):
+            syms.append(f)
+        else:
+            const *= int(f)
+    base = syms[0] if len(syms) == 1 else DimExpr("*", tuple(syms))
+    return const, base
+
+
 def add(a: Dim, b: Dim) -> Dim:
-    terms = _terms(a, "+") + _terms(b, "+")
-    const = sum(int(t) for t in terms if not isinstance(t, DimExpr))
-    syms = [t for t in terms if isinstance(t, DimExpr)]
-    if not syms:
+    """Sum with like terms collected: batch + (1 - batch) -> 1."""
+    const = 0
+    coefs: dict[str, list] = {}
+    for t in _terms(a, "+") + _terms(b, "+"):
+        if not isinstance(t, DimExpr):
+            const += int(t)
+            continue
+        c, base = _coef_base(t)
+        entry = coefs.setdefault(base.text, [0, base])
+        entry[0] += c
+    terms = []
+    for c, base in coefs.values():
+        if c == 0:
+            continue
+        terms.append(base if c == 1 else DimExpr("*", (*_terms(base, "*"), c)))
+    if not terms:
         return const
-    args = tuple(syms) + ((const,) if const else ())
+    args = tuple(terms) + ((const,) if const else ())
     return args[0] if len(args) == 1 else DimExpr("+", args)
 
 
 def mul(a: Dim, b: Dim) -> Dim:
+    """Product; a constant times a sum is distributed, so sums stay in one linear form."""
+    for x, y in ((a, b), (b, a)):
+        if not isinstance(x, DimExpr) and isinstance(y, DimExpr) and y.kind == "+":
+            out: Dim = 0
+            for t in y.args:
+                out = add(out, mul(t, x))
+            return out
     factors = _terms(a, "*") + _terms(b, "*")
     const = 1
     for t in factors:

@@ -6,10 +6,9 @@ the op set, so eager code, gradients and (later) tracing all see the same ops.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
-
-import math
 
 import numpy as np
 

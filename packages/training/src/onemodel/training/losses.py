@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 import functools
+
+import numpy as np
 
 from onemodel.tensors import DType, OneModelError, ShapeError, Tensor, trace_state, where
 from onemodel.tensors.dispatch import dispatch

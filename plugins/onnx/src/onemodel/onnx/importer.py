@@ -145,9 +145,7 @@ def _convert(node, opset: int, graph: Graph, fresh) -> None:
         if k in _LEGACY:
             del attrs[k]
     # attribute forms of older opsets -> the input forms of opset 18
-    if op in _REDUCE and "axes" in attrs:
-        inputs = [inputs[0], _const(graph, fresh, attrs.pop("axes"))]
-    elif op in ("Squeeze", "Unsqueeze") and "axes" in attrs:
+    if (op in _REDUCE and "axes" in attrs) or (op in ("Squeeze", "Unsqueeze") and "axes" in attrs):
         inputs = [inputs[0], _const(graph, fresh, attrs.pop("axes"))]
     elif op == "Split" and "split" in attrs:
         inputs = [inputs[0], _const(graph, fresh, attrs.pop("split"))]

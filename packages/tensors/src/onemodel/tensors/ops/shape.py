@@ -7,7 +7,7 @@ import numpy as np
 
 from ..dtype import DType
 from ..errors import ShapeError
-from ..symbolic import Dim, DimExpr, add, dims_equal, floordiv, numel
+from ..symbolic import Dim, DimExpr, add, dims_equal, floordiv, mul, numel
 from ._grad import call, ints, unbroadcast
 from .base import TensorSpec, broadcast_shapes, const_ints, defop, norm_axis, same_dtype
 
@@ -258,16 +258,21 @@ def _slice_shape(specs):
     for i, a in enumerate(axes_n):
         dim = x.shape[a]
         st = 1 if steps is None else int(steps[i])
-        s, e = int(starts[i]), int(ends[i])
-        if isinstance(dim, int):
-            idx = _slice_index((dim,), [s], [e], [0], [st])[0]
+        s, e = starts[i], ends[i]
+        if isinstance(dim, int) and not isinstance(s, DimExpr) and not isinstance(e, DimExpr):
+            idx = _slice_index((dim,), [int(s)], [int(e)], [0], [st])[0]
             out[a] = len(range(*idx.indices(dim)))
-        elif st == 1 and s >= 0 and e >= 2**62:  # x[k:] of a symbolic axis
-            out[a] = add(dim, -s)
-        elif st == 1 and 0 <= s <= e < 2**62:
-            out[a] = e - s  # assumes the symbolic axis is at least e long
-        elif st == 1 and s >= 0 and e < 0:
-            out[a] = add(dim, e - s)
+        elif st == 1:
+            # a symbolic bound or axis: assume the bounds lie inside the axis, as traced code
+            # that slices it does
+            begin = s if isinstance(s, DimExpr) or s >= 0 else add(dim, int(s))
+            if isinstance(e, DimExpr):
+                end = e
+            elif e >= 2**62:
+                end = dim
+            else:
+                end = e if e >= 0 else add(dim, int(e))
+            out[a] = add(end, mul(begin, -1))
         else:
             raise ShapeError(f"cannot slice symbolic axis {a} ({dim}) with {s}:{e}:{st}")
     return TensorSpec(tuple(out), x.dtype)
