@@ -13,7 +13,7 @@ model = Linear(1, 1, Generator(42))
 train_x = Tensor.from_data([0, 1, 2, 3], 4, 1, dtype=DType.F32)
 train_y = Tensor.from_data([1, 3, 5, 7], 4, 1, dtype=DType.F32)
 optimizer = SGD(model.parameters(), 0.05)
-for step in range(200):
+for _step in range(200):
     with ActivationScope():
         optimizer.zero_grad()
         loss = losses.mse(model.forward(train_x), train_y)
