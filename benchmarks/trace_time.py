@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "packages/tracing/tests"))
-from models import cnn, encoder, mlp  # noqa: E402
+from models import cnn, encoder, mlp
 
-from onemodel.tensors import Tensor  # noqa: E402
+from onemodel.tensors import Tensor
 
 
 def median_ms(fn, repeats: int) -> float:
