@@ -12,6 +12,7 @@ import numpy as np
 
 from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec
 from onemodel.tensors.ops import OPS
+from onemodel.tensors.ops.base import UnknownValueError
 from onemodel.tensors.symbolic import Dim, format_shape
 
 from .values import propagate
@@ -90,6 +91,31 @@ class Graph:
                     out |= d.symbols()
         return out
 
+    def value_inputs(self) -> set[str]:
+        """Graph inputs whose values shape inference needs (they reach a static operand, such
+        as a Reshape target): a plan is made per value of these."""
+        inputs = {v.name for v in self.inputs}
+        producers = self.producers()
+        wanted: list[str] = []
+        for n in self.nodes:
+            op = OPS.get(n.op)
+            if op is None:
+                continue
+            for pos, name in enumerate(n.inputs):
+                if name and pos < len(op.inputs) and op.inputs[pos] in op.static_inputs:
+                    wanted.append(name)
+        found, seen = set(), set()
+        while wanted:
+            name = wanted.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in inputs:
+                found.add(name)
+            elif name in producers:
+                wanted.extend(i for i in producers[name].inputs if i)
+        return found
+
     def fresh_name(self, base: str) -> str:
         taken = ({v.name for v in self.inputs} | set(self.initializers)
                  | {o for n in self.nodes for o in n.outputs})
@@ -99,8 +125,12 @@ class Graph:
         return f"{base}_{i}"
 
     # checking --------------------------------------------------------------------------------
-    def validate(self) -> dict[str, TensorSpec]:
-        """Check structure and shapes; returns the spec of every value. Errors name the node."""
+    def validate(self, *, allow_unknown: bool = False) -> dict[str, TensorSpec | None]:
+        """Check structure and shapes; returns the spec of every value. Errors name the node.
+
+        With ``allow_unknown``, a shape that depends on the value of a graph input (a Reshape
+        target fed at run time) is left unknown (``None``) instead of being an error; the session
+        plans such graphs once it sees that input's value."""
         specs: dict[str, TensorSpec] = {}
         for v in self.inputs:
             if v.name in specs:
@@ -115,13 +145,13 @@ class Graph:
                 raise GraphError(f"initializer {name!r} has unsupported dtype {arr.dtype}") from None
             specs[name] = TensorSpec(tuple(arr.shape), dt, _small_value(arr))
         for n in self.nodes:
-            specs.update(self._check_node(n, specs))
+            specs.update(self._check_node(n, specs, allow_unknown))
         for v in self.outputs:
             if v.name not in specs:
                 raise GraphError(f"output {v.name!r} is not computed by any node")
         return specs
 
-    def _check_node(self, n: Node, specs: dict[str, TensorSpec]) -> dict[str, TensorSpec]:
+    def _check_node(self, n: Node, specs: dict, allow_unknown: bool = False) -> dict:
         op = OPS.get(n.op)
         if op is None:
             raise GraphError(f"{n.label()}: unknown op {n.op!r}")
@@ -144,11 +174,18 @@ class Graph:
                                  "(nodes must be in topological order)")
             in_specs.append(specs[name])
         required = [p for p in op.inputs if p not in op.optional]
-        if not op.variadic and len([s for s in in_specs if s is not None]) < len(required):
+        if not op.variadic and len([i for i in n.inputs if i]) < len(required):
             raise GraphError(f"{n.label()}: missing required inputs of {n.op} "
                              f"({', '.join(required)})")
+        present = [i for i in n.inputs if i]
+        if allow_unknown and any(specs[i] is None for i in present):
+            return {o: None for o in n.outputs if o}
         try:
             outs = propagate(n.op, in_specs, n.attrs, op.infer(in_specs, n.attrs))
+        except UnknownValueError as exc:
+            if allow_unknown:
+                return {o: None for o in n.outputs if o}
+            raise GraphError(f"{n.label()}: {exc}") from None
         except OneModelError as exc:
             raise GraphError(f"{n.label()}: {exc}") from None
         if len(outs) < len([o for o in n.outputs if o]):
@@ -166,7 +203,7 @@ class Graph:
     # text form -------------------------------------------------------------------------------
     def __str__(self) -> str:
         try:
-            specs = self.validate()
+            specs = self.validate(allow_unknown=True)
         except OneModelError:
             specs = {}
         lines = [f"graph {self.name} ("]
@@ -178,7 +215,8 @@ class Graph:
             lines.append(f"  init   {name}: {DType.from_numpy(arr.dtype).name}"
                          f"{format_shape(arr.shape)}")
         for n in self.nodes:
-            outs = ", ".join(f"{o}: {specs[o]}" if o in specs else o for o in n.outputs)
+            outs = ", ".join(f"{o}: {specs[o]}" if specs.get(o) is not None else o
+                             for o in n.outputs)
             attrs = ", ".join(f"{k}={_attr_text(v)}" for k, v in n.attrs.items())
             lines.append(f"  {outs} = {n.op}({', '.join(i or '_' for i in n.inputs)})"
                          + (f"  [{attrs}]" if attrs else ""))
@@ -198,9 +236,13 @@ def _attr_text(v) -> str:
 
 
 def _small_value(arr: np.ndarray):
-    if arr.dtype.kind in "iu" and arr.ndim <= 1 and arr.size <= 64:
-        return tuple(int(v) for v in arr.reshape(-1))
-    return None
+    """The value of a small constant that shape rules may read (integers; integral floats)."""
+    if arr.ndim > 1 or arr.size > 64 or arr.dtype.kind not in "iuf":
+        return None
+    flat = arr.reshape(-1)
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(flat) & (flat == np.round(flat))):
+        return None
+    return tuple(int(v) for v in flat)
 
 
 def value_names(nodes: Iterable[Node]) -> set[str]:

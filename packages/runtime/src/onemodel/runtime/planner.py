@@ -107,7 +107,9 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[st
 
 
 def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
-              wanted: Sequence[str]) -> Plan:
+              wanted: Sequence[str], values: Mapping[str, np.ndarray] | None = None) -> Plan:
+    """The plan for these input shapes; ``values`` holds the inputs whose values shapes depend
+    on (``Graph.value_inputs``): they are constants of this plan."""
     bindings = bind_symbols(graph, shapes)
     slot_of: dict[str, int] = {"": 0}  # slot 0: an omitted input; slot 1: unnamed outputs
     template: list = [None, None]
@@ -123,7 +125,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     for v in graph.inputs:
         specs[v.name] = TensorSpec(tuple(shapes[v.name]), v.dtype)
         slot(v.name)
-    for name, arr in graph.initializers.items():
+    for name, arr in list(graph.initializers.items()) + list((values or {}).items()):
         consts[name] = arr
         specs[name] = TensorSpec(arr.shape, DType.from_numpy(arr.dtype), _small(arr))
         template[slot(name)] = arr
@@ -229,9 +231,13 @@ def _fake(spec: TensorSpec) -> np.ndarray:
 
 
 def _small(arr: np.ndarray):
-    if arr.dtype.kind in "iu" and arr.ndim <= 1 and arr.size <= 64:
-        return tuple(int(v) for v in arr.reshape(-1))
-    return None
+    """The value of a small constant that shape rules may read (integers; integral floats)."""
+    if arr.ndim > 1 or arr.size > 64 or arr.dtype.kind not in "iuf":
+        return None
+    flat = arr.reshape(-1)
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(flat) & (flat == np.round(flat))):
+        return None
+    return tuple(int(v) for v in flat)
 
 
 def _bound(bindings) -> str:

@@ -92,7 +92,7 @@ def for_loading(path: str | os.PathLike) -> SerializerRecord:
 def save(graph: Graph, path: str | os.PathLike, format: str | None = None, **options) -> None:
     """Save ``graph`` in the format its extension (or ``format``) names."""
     rec = for_saving(path, format)
-    graph.validate()
+    graph.validate(allow_unknown=True)
     registry.resolve(rec.save)(graph, path, **options)
 
 

@@ -35,13 +35,16 @@ class Session:
     max_plans = 32
 
     def __init__(self, graph: Graph, *, optimize: bool = True):
-        graph.validate()
+        graph.validate(allow_unknown=True)
         self.source_graph = graph
         self.graph = graph.copy()
         self.optimizations: dict[str, int] = {}
         if optimize:
             self.optimizations = PassManager(default_passes()).run(self.graph)
         self._inputs = {v.name: v for v in self.graph.inputs}
+        # inputs whose values shapes depend on: part of a plan's signature
+        self._value_inputs = [i for i, v in enumerate(self.graph.inputs)
+                              if v.name in self.graph.value_inputs()]
         self._output_names = [v.name for v in self.graph.outputs]
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()
         self._lock = threading.Lock()
@@ -70,6 +73,8 @@ class Session:
         arrays = self._check_feeds(feeds)
         wanted = tuple(self._output_names if outputs is None else outputs)
         key = (tuple(a.shape for a in arrays), wanted)
+        if self._value_inputs:
+            key += tuple(arrays[i].tobytes() for i in self._value_inputs)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plan(key, arrays, wanted)
@@ -121,7 +126,9 @@ class Session:
             plan = self._plans.get(key)
             if plan is None:
                 shapes = {v.name: a.shape for v, a in zip(self.graph.inputs, arrays)}
-                plan = make_plan(self.graph, shapes, wanted)
+                values = {self.graph.inputs[i].name: np.array(arrays[i], copy=True)
+                          for i in self._value_inputs}
+                plan = make_plan(self.graph, shapes, wanted, values)
                 self._plans[key] = plan
                 while len(self._plans) > self.max_plans:
                     self._plans.popitem(last=False)

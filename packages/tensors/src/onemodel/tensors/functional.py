@@ -145,7 +145,7 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
         raise ShapeError(f"layer_norm: input shape {list(x.shape)} does not end with {list(shape)}")
     if weight is None:
         weight = Tensor._wrap(np.ones(shape, x._data.dtype))
-    return _call("LayerNormalization", x, weight, bias, axis=-len(shape), epsilon=float(eps))
+    return _call("LayerNormalization", x, weight, bias, axis=-len(shape), epsilon=float(eps))[0]
 
 
 def _normalized(shape) -> tuple[int, ...]:

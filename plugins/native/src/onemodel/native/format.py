@@ -162,7 +162,7 @@ def load(path: str | os.PathLike) -> Graph:
     except (ValueError, TypeError, KeyError, AttributeError, OneModelError) as exc:
         raise NativeFormatError(f"{path}: corrupt header ({type(exc).__name__}: {exc})") from None
     try:
-        graph.validate()
+        graph.validate(allow_unknown=True)
     except GraphError as exc:
         raise NativeFormatError(f"{path}: the stored graph is invalid: {exc}") from None
     return graph

@@ -47,8 +47,6 @@ def from_model(model, name: str = "graph") -> Graph:
     from onnx import numpy_helper
 
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset and opset < 7:
-        raise OneModelError(f"ONNX opset {opset} is older than OneModel reads (7 and newer)")
     g = model.graph
     inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     counter = [0]
@@ -71,7 +69,7 @@ def from_model(model, name: str = "graph") -> Graph:
         graph.initializers[k] = _supported(arr, k)
     for node in g.node:
         _convert(node, opset, graph, fresh)
-    graph.validate()
+    graph.validate(allow_unknown=True)
     return graph
 
 

@@ -26,7 +26,9 @@ class ConstantFolding(Pass):
                 continue
             if n.op == "Shape":
                 if specs is None:
-                    specs = graph.validate()
+                    specs = graph.validate(allow_unknown=True)
+                if specs[n.inputs[0]] is None:
+                    continue
                 shape = specs[n.inputs[0]].shape
                 if not all(isinstance(d, int) for d in shape):
                     continue

@@ -76,8 +76,11 @@ class MatMulAddToGemm(Pass):
             if add is None or add.op != "Add":
                 continue
             if specs is None:
-                specs = graph.validate()
+                specs = graph.validate(allow_unknown=True)
             a, b = (specs[i] for i in mm.inputs)
+            if a is None or b is None or specs[add.inputs[0]] is None or \
+                    specs[add.inputs[1]] is None:
+                continue
             if len(a.shape) != 2 or len(b.shape) != 2:
                 continue
             other = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]

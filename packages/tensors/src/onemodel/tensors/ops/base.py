@@ -47,6 +47,9 @@ class OpDef:
     outputs: tuple[str, ...]
     domain: str = ""
     doc: str = ""
+    # inputs whose *values* the shape rule reads (a Reshape target): a graph must know them
+    # before it can plan, as constants or as inputs the session treats as part of the signature
+    static_inputs: frozenset[str] = frozenset()
 
     def full_attrs(self, attrs: dict[str, Any] | None) -> dict[str, Any]:
         if not attrs:
@@ -85,7 +88,7 @@ OPS: dict[str, OpDef] = {}
 
 
 def defop(name: str, *, shape: Callable, grad: Callable | None = None, outputs=("Y",),
-          domain: str = ""):
+          domain: str = "", static: tuple[str, ...] = ()):
     """Define op ``name`` with ``shape`` (shape-and-dtype rule) and ``grad`` (gradient rule)
     around its reference numpy kernel."""
 
@@ -104,8 +107,11 @@ def defop(name: str, *, shape: Callable, grad: Callable | None = None, outputs=(
                 inputs.append(p.name)
                 if p.default is None:
                     optional.add(p.name)
+        unknown = set(static) - set(inputs)
+        if unknown:
+            raise OneModelError(f"op {name!r}: static inputs {sorted(unknown)} are not inputs")
         op = OpDef(name, kernel, shape, grad, tuple(inputs), frozenset(optional), variadic, attrs,
-                   tuple(outputs), domain, inspect.getdoc(kernel) or "")
+                   tuple(outputs), domain, inspect.getdoc(kernel) or "", frozenset(static))
         OPS[name] = op
         return op
 
@@ -168,12 +174,16 @@ def norm_axis(axis: int, ndim: int) -> int:
     return axis % ndim if ndim else 0
 
 
+class UnknownValueError(ShapeError):
+    """A shape rule needs the value of an input that is not known yet (a graph input)."""
+
+
 def const_ints(spec: TensorSpec | None, what: str) -> tuple | None:
     """The value of a small integer input that shape inference needs (None when omitted)."""
     if spec is None:
         return None
     if spec.value is None:
-        raise ShapeError(f"{what} must be known when the graph is planned (a constant)")
+        raise UnknownValueError(f"{what} must be known when the graph is planned (a constant)")
     return tuple(spec.value)
 
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..dtype import FLOATING
+from ..dtype import FLOATING, NUMERIC, DType
 from ..errors import ShapeError
 from ..symbolic import add, floordiv, mul
 from ._grad import call
@@ -330,7 +330,11 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
     x = X.reshape(n, g, cin // g, -1)
     w = W.reshape(g, cin // g, -1)
     cols = np.matmul(w.transpose(0, 2, 1), x).reshape(n, g * mg, *k, *X.shape[2:])
-    y = _crop(_col2im(cols, (n, g * mg, *full), k, s, d, X.shape[2:]), pb, pe)
+    y = _col2im(cols, (n, g * mg, *full), k, s, d, X.shape[2:])
+    if any(p < 0 for p in pb + pe):  # an output_shape larger than the kernel reaches: zeros
+        y = _pad_spatial(y, tuple(max(-p, 0) for p in pb), tuple(max(-p, 0) for p in pe))
+        pb, pe = tuple(max(p, 0) for p in pb), tuple(max(p, 0) for p in pe)
+    y = _crop(y, pb, pe)
     y = np.ascontiguousarray(y)
     if B is not None:
         y += B.reshape((1, g * mg) + (1,) * nd)
@@ -342,7 +346,7 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
 def _pool_shape(specs, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(),
                 pads=None, strides=None, storage_order=0, count_include_pad=0):
     x = specs[0]
-    same_dtype(specs, FLOATING)
+    same_dtype(specs, NUMERIC)
     nd = len(x.shape) - 2
     k = tuple(kernel_shape)
     if len(k) != nd:
@@ -534,11 +538,13 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, mom
 def _ln_shape(specs, *, axis=-1, epsilon=1e-5, stash_type=1):
     x = specs[0]
     dt = same_dtype([s for s in specs], FLOATING)
-    norm_axis(axis, len(x.shape))
-    return TensorSpec(x.shape, dt)
+    a = norm_axis(axis, len(x.shape))
+    stats = TensorSpec(tuple(x.shape[:a]) + (1,) * (len(x.shape) - a),
+                       DType.F32 if stash_type == 1 else dt)
+    return [TensorSpec(x.shape, dt), stats, stats]
 
 
-def _ln_grad(ctx, g):
+def _ln_grad(ctx, g, *_stats):
     x, scale = ctx.inputs[0], ctx.inputs[1]
     bias = ctx.inputs[2] if len(ctx.inputs) > 2 else None
     a = ctx.attrs["axis"] % x.ndim
@@ -559,18 +565,24 @@ def _ln_grad(ctx, g):
     return gx, gscale, gbias
 
 
-@defop("LayerNormalization", shape=_ln_shape, grad=_ln_grad)
+@defop("LayerNormalization", shape=_ln_shape, grad=_ln_grad,
+       outputs=("Y", "Mean", "InvStdDev"))
 def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1):
-    """ONNX LayerNormalization (opset 17), first output only."""
+    """ONNX LayerNormalization (opset 17): the normalized output, the mean and the inverse
+    standard deviation (float32 when ``stash_type`` is 1)."""
     a = axis % X.ndim
     axes = tuple(range(a, X.ndim))
-    mean = X.mean(axis=axes, keepdims=True)
-    xc = X - mean
+    stash = np.float32 if stash_type == 1 else X.dtype
+    x = X.astype(stash, copy=False) if X.dtype == np.float16 else X
+    mean = x.mean(axis=axes, keepdims=True)
+    xc = x - mean
     var = (xc * xc).mean(axis=axes, keepdims=True)
-    y = xc / np.sqrt(var + np.asarray(epsilon, X.dtype)) * Scale
+    inv = 1 / np.sqrt(var + np.asarray(epsilon, x.dtype))
+    y = xc * inv * Scale
     if B is not None:
         y = y + B
-    return y.astype(X.dtype, copy=False)
+    return (y.astype(X.dtype, copy=False), mean.astype(stash, copy=False),
+            inv.astype(stash, copy=False))
 
 
 # softmax -----------------------------------------------------------------------------------

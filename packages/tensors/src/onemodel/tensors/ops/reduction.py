@@ -17,7 +17,7 @@ def _axes(data: np.ndarray, axes, noop_with_empty_axes: int):
 
 def _reduce_shape(specs, *, keepdims=1, noop_with_empty_axes=0):
     x = specs[0]
-    same_dtype(specs[:1], NUMERIC)
+    same_dtype(specs[:1], NUMERIC | {DType.BOOL})
     axes = const_ints(specs[1] if len(specs) > 1 else None, "reduction axes")
     nd = len(x.shape)
     if not axes:
@@ -54,7 +54,7 @@ def _sum_grad(ctx, g):
     return g.expand(*ctx.inputs[0].shape), None
 
 
-@defop("ReduceSum", shape=_reduce_shape, grad=_sum_grad)
+@defop("ReduceSum", shape=_reduce_shape, grad=_sum_grad, static=("axes",))
 def reduce_sum(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
     ax = _axes(data, axes, noop_with_empty_axes)
     if ax == ():
@@ -71,7 +71,7 @@ def _mean_grad(ctx, g):
     return g.expand(*x.shape) / count, None
 
 
-@defop("ReduceMean", shape=_reduce_shape, grad=_mean_grad)
+@defop("ReduceMean", shape=_reduce_shape, grad=_mean_grad, static=("axes",))
 def reduce_mean(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
     ax = _axes(data, axes, noop_with_empty_axes)
     if ax == ():
@@ -89,20 +89,33 @@ def _extreme_grad(ctx, g):
     return hit * (g / count), None
 
 
-@defop("ReduceMax", shape=_reduce_shape, grad=_extreme_grad)
+@defop("ReduceMax", shape=_reduce_shape, grad=_extreme_grad, static=("axes",))
 def reduce_max(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
     ax = _axes(data, axes, noop_with_empty_axes)
     if ax == ():
         return data.copy()
-    return np.max(data, axis=ax, keepdims=bool(keepdims))
+    return np.max(data, axis=ax, keepdims=bool(keepdims), initial=_lowest(data.dtype))
 
 
-@defop("ReduceMin", shape=_reduce_shape, grad=_extreme_grad)
+@defop("ReduceMin", shape=_reduce_shape, grad=_extreme_grad, static=("axes",))
 def reduce_min(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
     ax = _axes(data, axes, noop_with_empty_axes)
     if ax == ():
         return data.copy()
-    return np.min(data, axis=ax, keepdims=bool(keepdims))
+    return np.min(data, axis=ax, keepdims=bool(keepdims), initial=_highest(data.dtype))
+
+
+def _lowest(dtype):
+    """The identity of max: an empty reduction gives it (ONNX)."""
+    if dtype.kind == "f":
+        return -np.inf
+    return False if dtype.kind == "b" else np.iinfo(dtype).min
+
+
+def _highest(dtype):
+    if dtype.kind == "f":
+        return np.inf
+    return True if dtype.kind == "b" else np.iinfo(dtype).max
 
 
 def _arg_shape(specs, *, axis=0, keepdims=1, select_last_index=0):

@@ -52,7 +52,7 @@ def _reshape_shape(specs, *, allowzero=0):
     return TensorSpec(reshape_target(x.shape, target, allowzero), x.dtype)
 
 
-@defop("Reshape", shape=_reshape_shape,
+@defop("Reshape", shape=_reshape_shape, static=("shape",),
        grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
 def reshape(data, shape, *, allowzero=0):
     target = shape.tolist()
@@ -120,7 +120,7 @@ def _squeeze_shape(specs):
     return TensorSpec(tuple(d for i, d in enumerate(x.shape) if i not in red), x.dtype)
 
 
-@defop("Squeeze", shape=_squeeze_shape,
+@defop("Squeeze", shape=_squeeze_shape, static=("axes",),
        grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
 def squeeze(data, axes=None):
     if axes is None:
@@ -141,7 +141,7 @@ def _unsqueeze_shape(specs):
     return TensorSpec(tuple(out), x.dtype)
 
 
-@defop("Unsqueeze", shape=_unsqueeze_shape,
+@defop("Unsqueeze", shape=_unsqueeze_shape, static=("axes",),
        grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
 def unsqueeze(data, axes):
     nd = data.ndim + len(axes)
@@ -156,7 +156,7 @@ def _expand_shape(specs):
     return TensorSpec(broadcast_shapes(x.shape, target), x.dtype)
 
 
-@defop("Expand", shape=_expand_shape,
+@defop("Expand", shape=_expand_shape, static=("shape",),
        grad=lambda ctx, g: (unbroadcast(g, ctx.inputs[0].shape), None))
 def expand(input, shape):
     out = np.broadcast_shapes(input.shape, tuple(int(s) for s in shape))
@@ -216,7 +216,8 @@ def _split_grad(ctx, *gs):
     return call("Concat", *gs, axis=ctx.attrs["axis"]), None
 
 
-@defop("Split", shape=_split_shape, grad=_split_grad, outputs=("outputs...",))
+@defop("Split", shape=_split_shape, grad=_split_grad, outputs=("outputs...",),
+       static=("split",))
 def split(input, split=None, *, axis=0, num_outputs=None):
     a = axis % input.ndim
     sizes = _split_sizes(input.shape[a], None if split is None else split.tolist(), num_outputs)
@@ -284,7 +285,8 @@ def _slice_grad(ctx, g):
             None, None, None, None)
 
 
-@defop("Slice", shape=_slice_shape, grad=_slice_grad)
+@defop("Slice", shape=_slice_shape, grad=_slice_grad,
+       static=("starts", "ends", "axes", "steps"))
 def slice_(data, starts, ends, axes=None, steps=None):
     return data[_slice_index(data.shape, starts.tolist(), ends.tolist(),
                              None if axes is None else axes.tolist(),
@@ -296,7 +298,7 @@ def _slice_grad_shape(specs):
     return TensorSpec(tuple(shape), specs[0].dtype)
 
 
-@defop("SliceGrad", shape=_slice_grad_shape, domain="onemodel")
+@defop("SliceGrad", shape=_slice_grad_shape, domain="onemodel", static=("shape",))
 def slice_grad(grad, shape, starts, ends, axes=None, steps=None):
     """The gradient of Slice: ``grad`` written into zeros of the input's ``shape``."""
     out = np.zeros(tuple(shape.tolist()), grad.dtype)
@@ -332,7 +334,7 @@ def _gather_grad_shape(specs, *, axis=0):
     return TensorSpec(tuple(const_ints(specs[2], "GatherGrad shape")), specs[0].dtype)
 
 
-@defop("GatherGrad", shape=_gather_grad_shape, domain="onemodel")
+@defop("GatherGrad", shape=_gather_grad_shape, domain="onemodel", static=("shape",))
 def gather_grad(grad, indices, shape, *, axis=0):
     """The gradient of Gather: ``grad`` summed into zeros of ``shape`` at ``indices``."""
     shape = tuple(shape.tolist())
@@ -371,7 +373,7 @@ def _pad_grad(ctx, g):
             None, None, None)
 
 
-@defop("Pad", shape=_pad_shape, grad=_pad_grad)
+@defop("Pad", shape=_pad_shape, grad=_pad_grad, static=("pads", "axes"))
 def pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
     widths = _pad_widths(data.ndim, pads.tolist(), None if axes is None else axes.tolist())
     if any(b < 0 or e < 0 for b, e in widths):  # negative pads crop
@@ -390,7 +392,7 @@ def _pad_grad_shape(specs, *, mode="constant"):
     return TensorSpec(tuple(const_ints(specs[1], "PadGrad shape")), specs[0].dtype)
 
 
-@defop("PadGrad", shape=_pad_grad_shape, domain="onemodel")
+@defop("PadGrad", shape=_pad_grad_shape, domain="onemodel", static=("shape",))
 def pad_grad(grad, shape, pads, axes=None, *, mode="constant"):
     """The gradient of Pad: every output element adds into the input element it was copied from."""
     shape = tuple(shape.tolist())
@@ -428,7 +430,7 @@ def _one_hot_shape(specs, *, axis=-1):
     return TensorSpec(tuple(out), values.dtype)
 
 
-@defop("OneHot", shape=_one_hot_shape)
+@defop("OneHot", shape=_one_hot_shape, static=("depth",))
 def one_hot(indices, depth, values, *, axis=-1):
     d = int(np.asarray(depth).reshape(-1)[0])
     idx = np.where(indices < 0, indices + d, indices).astype(np.int64)
