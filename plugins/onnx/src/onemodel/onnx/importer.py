@@ -139,6 +139,16 @@ def _convert(node, opset: int, graph: Graph, fresh) -> None:
             raise UnsupportedOpError(f"{label}: Constant with {key} is not supported")
         graph.initializers[outputs[0]] = _supported(arr, outputs[0])
         return
+    if op == "ConstantOfShape":
+        # folded on import when its shape is a constant (weights of the model-zoo files)
+        if inputs[0] not in graph.initializers:
+            raise UnsupportedOpError(f"{label}: ConstantOfShape of a shape known only at run "
+                                     "time is not supported")
+        value = (numpy_helper.to_array(node.attribute[0].t) if node.attribute
+                 else np.zeros(1, np.float32))
+        shape = tuple(int(d) for d in graph.initializers[inputs[0]].reshape(-1))
+        graph.initializers[outputs[0]] = np.full(shape, value.reshape(-1)[0], value.dtype)
+        return
     for k in list(attrs):
         if k in _LEGACY:
             del attrs[k]

@@ -52,6 +52,20 @@ def add(A, B):
     return np.add(A, B)
 
 
+def _sum_shape(specs):
+    return TensorSpec(broadcast_shapes(*[s.shape for s in specs]), same_dtype(specs, NUMERIC))
+
+
+@defop("Sum", shape=_sum_shape,
+       grad=lambda ctx, g: tuple(unbroadcast(g, t.shape) for t in ctx.inputs))
+def sum_(*data):
+    """Elementwise sum of any number of inputs, with broadcasting."""
+    out = data[0]
+    for d in data[1:]:
+        out = np.add(out, d)
+    return out if len(data) > 1 else out.copy()
+
+
 def _sub_grad(ctx, g):
     a, b = ctx.inputs
     return unbroadcast(g, a.shape), unbroadcast(-g, b.shape)

@@ -585,6 +585,27 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
             inv.astype(stash, copy=False))
 
 
+def _lrn_shape(specs, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
+    x = specs[0]
+    same_dtype(specs, FLOATING)
+    if len(x.shape) < 3:
+        raise ShapeError("LRN needs an input of rank 3 or more (N, C, ...)")
+    return TensorSpec(x.shape, x.dtype)
+
+
+@defop("LRN", shape=_lrn_shape)
+def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
+    """Local response normalization across channels (ONNX LRN)."""
+    sq = (X.astype(np.float64) ** 2)
+    before, after = (size - 1) // 2, size // 2  # floor((size-1)/2) before, ceil after
+    padded = np.pad(sq, [(0, 0), (before, after)] + [(0, 0)] * (X.ndim - 2))
+    c = X.shape[1]
+    total = np.zeros_like(sq)
+    for i in range(size):
+        total += padded[:, i : i + c]
+    return (X / (bias + alpha / size * total) ** beta).astype(X.dtype)
+
+
 # softmax -----------------------------------------------------------------------------------
 
 def _softmax_shape(specs, *, axis=-1):
