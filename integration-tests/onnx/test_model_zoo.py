@@ -26,6 +26,7 @@ def _ort(model, feeds):
     ort = pytest.importorskip("onnxruntime")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
     s = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return s.run(None, feeds)[0]
 
@@ -62,7 +63,9 @@ def test_shipped_outputs(name):
 
 def _ort_output(model, feeds, name):
     ort = pytest.importorskip("onnxruntime")
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    s = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return s.run([name], feeds)[0]
 
 

@@ -117,8 +117,8 @@ def getitem(x: Tensor, index) -> Tensor:
 
     y = x
     if axes:
-        y = _call("Slice", y, trace_state.shape_operand(starts), trace_state.shape_operand(ends),
-                  _const(axes), _const(steps))
+        y = _call("Slice", y, trace_state.shape_operand(starts, sizes=False),
+                  trace_state.shape_operand(ends, sizes=False), _const(axes), _const(steps))
     if gather is not None:
         at, idx = gather
         y = _call("Gather", y, Tensor._wrap(idx), axis=at)

@@ -412,7 +412,7 @@ class Tensor:
 
     # shapes -----------------------------------------------------------------------------------
     def reshape(self, *shape):
-        return _call("Reshape", self, trace_state.shape_operand(_dims(shape)))
+        return _call("Reshape", self, trace_state.shape_operand(_dims(shape), of=self))
 
     view = reshape
 
@@ -462,7 +462,7 @@ class Tensor:
                 if i < off:
                     raise ShapeError("expand: -1 is not allowed for a new leading axis")
                 dims[i] = self.shape[i - off]
-        return _call("Expand", self, trace_state.shape_operand(dims))
+        return _call("Expand", self, trace_state.shape_operand(dims, of=self))
 
     def expand_as(self, other: Tensor):
         return self.expand(*other.shape)
@@ -691,7 +691,7 @@ def split(x: Tensor, split_size_or_sections, axis: int = 0) -> tuple[Tensor, ...
         sections = [int(s) for s in split_size_or_sections]
     if sum(sections) != n:
         raise ShapeError(f"split: sections {sections} do not add up to axis {axis} size {n}")
-    out = dispatch("Split", (x, trace_state.shape_operand(sections)), {"axis": int(axis)})
+    out = dispatch("Split", (x, trace_state.shape_operand(sections, of=x)), {"axis": int(axis)})
     return out if isinstance(out, tuple) else (out,)
 
 

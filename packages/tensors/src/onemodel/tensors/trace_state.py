@@ -13,13 +13,17 @@ import numpy as np
 active = None  # the recording tracer, or None
 
 
-def shape_operand(dims):
+def shape_operand(dims, of=None, *, sizes: bool = True):
     """An I64 tensor holding ``dims`` (ints, SymInts): a constant unless a trace needs a graph
-    computation for symbolic dims."""
+    computation for symbolic dims. ``of`` is the tensor the shape applies to: plain ints are
+    matched to symbolic axes (the spec's rule) only for traced tensors, and only when ``dims``
+    are sizes (a Reshape target), not positions (Slice bounds)."""
+    from .symbolic import SymInt
     from .tensor import Tensor
 
-    if active is not None:
-        return active.shape_operand(dims)
+    if active is not None and (of is None or getattr(of, "_traced", False)
+                               or any(isinstance(d, SymInt) for d in dims)):
+        return active.shape_operand(dims, match=sizes)
     return Tensor._wrap(np.asarray([int(d) for d in dims], dtype=np.int64))
 
 

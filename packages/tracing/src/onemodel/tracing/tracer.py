@@ -216,7 +216,7 @@ class Tracer:
         return name
 
     # symbolic sizes as graph values ----------------------------------------------------------
-    def shape_operand(self, dims) -> Tensor:
+    def shape_operand(self, dims, match: bool = True) -> Tensor:
         """A 1-D I64 tensor holding ``dims``: a constant if every dim is a plain int (after the
         spec's rule matches ints equal to a symbolic example size), else Shape arithmetic."""
         explicit: set[str] = set()
@@ -224,7 +224,7 @@ class Tracer:
             e = as_dim(d)
             if isinstance(e, DimExpr):
                 explicit |= e.symbols()
-        resolved = [self._match(d, explicit) for d in dims]
+        resolved = [self._match(d, explicit) if match else as_dim(d) for d in dims]
         if not any(isinstance(d, DimExpr) for d in resolved):
             return Tensor._wrap(np.asarray([int(d) for d in resolved], np.int64))
         parts, run = [], []
