@@ -83,6 +83,17 @@ class Graph:
                     out.setdefault(i, []).append(n)
         return out
 
+    def needed(self, outputs) -> tuple[list[Node], set[str]]:
+        """The nodes the values ``outputs`` depend on (in order), and every value they read."""
+        needed = set(outputs)
+        keep = []
+        for n in reversed(self.nodes):
+            if any(o in needed for o in n.outputs if o):
+                keep.append(n)
+                needed.update(i for i in n.inputs if i)
+        keep.reverse()
+        return keep, needed
+
     def symbols(self) -> set[str]:
         out: set[str] = set()
         for v in self.inputs:
@@ -143,7 +154,7 @@ class Graph:
                 dt = DType.from_numpy(arr.dtype)
             except OneModelError:
                 raise GraphError(f"initializer {name!r} has unsupported dtype {arr.dtype}") from None
-            specs[name] = TensorSpec(tuple(arr.shape), dt, _small_value(arr))
+            specs[name] = TensorSpec(tuple(arr.shape), dt, small_value(arr))
         for n in self.nodes:
             specs.update(self._check_node(n, specs, allow_unknown))
         for v in self.outputs:
@@ -235,7 +246,7 @@ def _attr_text(v) -> str:
     return repr(tuple(v)) if isinstance(v, list) else repr(v)
 
 
-def _small_value(arr: np.ndarray):
+def small_value(arr: np.ndarray):
     """The value of a small constant that shape rules may read (integers; integral floats)."""
     if arr.ndim > 1 or arr.size > 64 or arr.dtype.kind not in "iuf":
         return None

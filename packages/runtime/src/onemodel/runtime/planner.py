@@ -21,7 +21,7 @@ from numpy.lib.stride_tricks import as_strided
 from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec, registry
 from onemodel.tensors.ops import OPS
 
-from .graph import Graph, GraphError
+from .graph import Graph, GraphError, small_value
 
 DEVICE = "cpu"
 _PLAN_CONST_MAX = 4096  # elements: what plan-time evaluation may produce
@@ -127,17 +127,10 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         slot(v.name)
     for name, arr in list(graph.initializers.items()) + list((values or {}).items()):
         consts[name] = arr
-        specs[name] = TensorSpec(arr.shape, DType.from_numpy(arr.dtype), _small(arr))
+        specs[name] = TensorSpec(arr.shape, DType.from_numpy(arr.dtype), small_value(arr))
         template[slot(name)] = arr
 
-    # keep only nodes the wanted outputs depend on
-    needed = set(wanted)
-    nodes = []
-    for n in reversed(graph.nodes):
-        if any(o in needed for o in n.outputs if o):
-            nodes.append(n)
-            needed.update(i for i in n.inputs if i)
-    nodes.reverse()
+    nodes, _ = graph.needed(wanted)
 
     pending = []
     for n in nodes:
@@ -161,7 +154,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
                     value = np.asarray(value)
                     consts[name] = value
                     specs[name] = TensorSpec(value.shape, DType.from_numpy(value.dtype),
-                                             _small(value))
+                                             small_value(value))
                     template[slot(name)] = value
             continue
         pending.append((n, in_specs))
@@ -228,16 +221,6 @@ def _fake(spec: TensorSpec) -> np.ndarray:
     """A zero-strided array with the spec's shape and dtype, for ``supports`` checks."""
     return as_strided(np.zeros(1, spec.dtype.numpy), shape=spec.shape,
                       strides=(0,) * len(spec.shape), writeable=False)
-
-
-def _small(arr: np.ndarray):
-    """The value of a small constant that shape rules may read (integers; integral floats)."""
-    if arr.ndim > 1 or arr.size > 64 or arr.dtype.kind not in "iuf":
-        return None
-    flat = arr.reshape(-1)
-    if arr.dtype.kind == "f" and not np.all(np.isfinite(flat) & (flat == np.round(flat))):
-        return None
-    return tuple(int(v) for v in flat)
 
 
 def _bound(bindings) -> str:

@@ -13,13 +13,7 @@ class DeadCodeElimination(Pass):
     changes = "removes nodes no graph output depends on, and unused initializers"
 
     def run(self, graph: Graph) -> bool:
-        needed = output_names(graph)
-        keep = []
-        for n in reversed(graph.nodes):
-            if any(o in needed for o in n.outputs if o):
-                keep.append(n)
-                needed.update(i for i in n.inputs if i)
-        keep.reverse()
+        keep, needed = graph.needed(output_names(graph))
         unused = [k for k in graph.initializers if k not in needed]
         for k in unused:
             del graph.initializers[k]
