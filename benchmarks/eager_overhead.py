@@ -1,7 +1,8 @@
 """Eager overhead of a small op: Add of two 4-element F32 tensors, with and without autograd.
 
 Prints the time per call of onemodel, PyTorch and raw numpy, measured in one run on the same
-inputs, and the ratios. Each figure is the median of several repeats (the machine is noisy).
+inputs, and the ratios. The cases are timed interleaved, and each ratio is the median of the
+per-repeat ratios (the machine is noisy).
 
     python benchmarks/eager_overhead.py [--repeats 15] [--number 20000]
 """
@@ -13,11 +14,6 @@ import statistics
 import timeit
 
 import numpy as np
-
-
-def median_us(stmt, number: int, repeats: int) -> float:
-    times = timeit.repeat(stmt, number=number, repeat=repeats)
-    return statistics.median(times) / number * 1e6
 
 
 def main() -> None:
@@ -32,10 +28,10 @@ def main() -> None:
     b_np = np.ones(4, dtype=np.float32)
     a, b = Tensor.from_numpy(a_np.copy()), Tensor.from_numpy(b_np.copy())
     ag = Tensor.from_numpy(a_np.copy()).requires_grad_()
-    rows = {
-        "numpy np.add": median_us(lambda: np.add(a_np, b_np), args.number, args.repeats),
-        "onemodel a + b": median_us(lambda: a + b, args.number, args.repeats),
-        "onemodel a + b (a requires grad)": median_us(lambda: ag + b, args.number, args.repeats),
+    cases = {
+        "numpy np.add": lambda: np.add(a_np, b_np),
+        "onemodel a + b": lambda: a + b,
+        "onemodel a + b (a requires grad)": lambda: ag + b,
     }
     try:
         import torch
@@ -43,20 +39,28 @@ def main() -> None:
         torch.set_num_threads(1)
         ta, tb = torch.from_numpy(a_np.copy()), torch.from_numpy(b_np.copy())
         tag = torch.from_numpy(a_np.copy()).requires_grad_()
-        rows["torch a + b"] = median_us(lambda: ta + tb, args.number, args.repeats)
-        rows["torch a + b (a requires grad)"] = median_us(lambda: tag + tb, args.number,
-                                                          args.repeats)
+        cases["torch a + b"] = lambda: ta + tb
+        cases["torch a + b (a requires grad)"] = lambda: tag + tb
     except ImportError:
         print("PyTorch is not installed: only numpy ratios are printed")
 
-    for name, us in rows.items():
-        print(f"{name:36s} {us:7.3f} us")
+    # interleaved: each repeat times every case once, so drift on a noisy machine hits all alike
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(args.repeats):
+        for name, fn in cases.items():
+            times[name].append(timeit.timeit(fn, number=args.number) / args.number * 1e6)
+    for name, ts in times.items():
+        print(f"{name:36s} {statistics.median(ts):7.3f} us")
     print()
-    print(f"onemodel / numpy (no grad):   {rows['onemodel a + b'] / rows['numpy np.add']:.2f}x")
-    if "torch a + b" in rows:
-        print(f"onemodel / torch (no grad):   {rows['onemodel a + b'] / rows['torch a + b']:.2f}x")
+
+    def ratio(x: str, y: str) -> float:  # median of the per-repeat ratios
+        return statistics.median(p / q for p, q in zip(times[x], times[y]))
+
+    print(f"onemodel / numpy (no grad):   {ratio('onemodel a + b', 'numpy np.add'):.2f}x")
+    if "torch a + b" in times:
+        print(f"onemodel / torch (no grad):   {ratio('onemodel a + b', 'torch a + b'):.2f}x")
         print("onemodel / torch (with grad): "
-              f"{rows['onemodel a + b (a requires grad)'] / rows['torch a + b (a requires grad)']:.2f}x")
+              f"{ratio('onemodel a + b (a requires grad)', 'torch a + b (a requires grad)'):.2f}x")
 
 
 if __name__ == "__main__":
