@@ -174,3 +174,24 @@ def test_dtype_errors_name_the_op():
         dispatch("Add", (Tensor.zeros(2), Tensor.zeros(2, dtype=DType.I64)))
     with pytest.raises(DTypeError, match=r"Exp: dtype I64 is not supported"):
         Tensor.zeros(2, dtype=DType.I64).exp()
+
+
+def test_dropout_is_seeded_scaled_and_off_in_eval():
+    from onemodel.tensors import functional as F
+
+    x = Tensor.ones(1000)
+    a = F.dropout(x, 0.25, training=True, generator=Generator(3))
+    b = F.dropout(x, 0.25, training=True, generator=Generator(3))
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    kept = a.numpy()[a.numpy() != 0]
+    np.testing.assert_allclose(kept, 1 / 0.75)
+    assert 0.65 < kept.size / 1000 < 0.85
+    assert F.dropout(x, 0.25, training=False) is x
+
+
+def test_one_hot_matches_numpy():
+    from onemodel.tensors import functional as F
+
+    idx = Tensor.from_data([2, 0, 1], dtype=DType.I64)
+    np.testing.assert_array_equal(F.one_hot(idx, 4).numpy(), np.eye(4, dtype=np.int64)[[2, 0, 1]])
+    assert F.one_hot(idx).shape == (3, 3)

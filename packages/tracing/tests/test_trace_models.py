@@ -50,19 +50,21 @@ def test_traced_model_runs_anywhere_like_eager(name, fmt, tmp_path):
         np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
 
 
-def test_onnx_export_runs_in_onnxruntime_at_any_batch(tmp_path):
+@pytest.mark.parametrize("name", list(CASES))
+def test_onnx_export_runs_in_onnxruntime_at_any_batch(name, tmp_path):
     ort = pytest.importorskip("onnxruntime")
-    model = cnn()
-    traced = model.trace(Tensor.randn(4, 3, 8, 8), "batch", None, None, None)
-    traced.save_onnx(tmp_path / "cnn.onnx")
-    import onnx
-
-    onnx.checker.check_model(onnx.load(str(tmp_path / "cnn.onnx")), full_check=True)
-    session = ort.InferenceSession(str(tmp_path / "cnn.onnx"), providers=["CPUExecutionProvider"])
-    assert session.get_inputs()[0].shape == ["batch", 3, 8, 8]
+    onnx = pytest.importorskip("onnx")
+    make, tail, axes = CASES[name]
+    model = make()
+    traced = model.trace(Tensor.randn(4, *tail), *axes)
+    traced.save_onnx(tmp_path / f"{name}.onnx")
+    onnx.checker.check_model(onnx.load(str(tmp_path / f"{name}.onnx")), full_check=True)
+    session = ort.InferenceSession(str(tmp_path / f"{name}.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape == ["batch", *tail]
     model.eval()
-    for b in (1, 7):
-        x = np.random.default_rng(b).standard_normal((b, 3, 8, 8)).astype(np.float32)
+    for b in (1, 3, 17):
+        x = np.random.default_rng(b).standard_normal((b, *tail)).astype(np.float32)
         np.testing.assert_allclose(session.run(None, {"input": x})[0],
                                    model(Tensor.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
 
