@@ -14,6 +14,7 @@ import pytest
 
 from onemodel.tensors import DType, Tensor, concat, split, stack, where
 from onemodel.tensors import functional as F
+from onemodel.tensors.dispatch import dispatch
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
@@ -93,6 +94,13 @@ ROWS = [
     Row("clip", lambda a: a.clip(-0.5, 0.7), lambda a: a.clamp(-0.5, 0.7), [A(4, 5)]),
     Row("where", lambda c, a, b: where(c, a, b), lambda c, a, b: torch.where(c, a, b),
         [A(3, 1, kind="bool"), A(3, 4), A(4)]),
+    Row("reciprocal", lambda a: dispatch("Reciprocal", (a,)), lambda a: a.reciprocal(),
+        [A(3, 4, kind="positive")]),
+    Row("sum_variadic", lambda a, b, c: dispatch("Sum", (a, b, c)), lambda a, b, c: a + b + c,
+        [A(2, 3), A(3), A(1, 3)]),
+    Row("flatten_op", lambda a: dispatch("Flatten", (a,), {"axis": 2}),
+        lambda a: a.reshape(a.shape[0] * a.shape[1], -1), [A(2, 3, 4)]),
+    Row("identity_clone", lambda a: a.clone() * 2, lambda a: a.clone() * 2, [A(3)]),
     Row("cast_f32_f64", lambda a: a.cast(DType.F32).cast(DType.F64) * a,
         lambda a: a.float().double() * a, [A(3)], fd=False),
     # reductions
