@@ -61,11 +61,11 @@ class Session:
 
     @property
     def inputs(self) -> list[IOInfo]:
-        return [_info(v) for v in self.graph.inputs]
+        return [io_info(v) for v in self.graph.inputs]
 
     @property
     def outputs(self) -> list[IOInfo]:
-        return [_info(v) for v in self.graph.outputs]
+        return [io_info(v) for v in self.graph.outputs]
 
     def run(self, feeds: Mapping[str, Tensor | np.ndarray],
             outputs: Sequence[str] | None = None) -> dict[str, Tensor]:
@@ -138,7 +138,7 @@ class Session:
 _KNOWN = {d.numpy for d in DType}
 
 
-def _info(v) -> IOInfo:
+def io_info(v) -> IOInfo:
     return IOInfo(v.name, v.dtype, tuple(str(d) if isinstance(d, DimExpr) else int(d)
                                          for d in v.shape))
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from onemodel.runtime import Graph, Session
 from onemodel.runtime import save as save_graph
-from onemodel.runtime.session import IOInfo, _info
+from onemodel.runtime.session import IOInfo, io_info
 from onemodel.tensors import DimExpr, OneModelError, Tensor
 
 
@@ -50,11 +50,11 @@ class TracedModel:
 
     @property
     def inputs(self) -> list[IOInfo]:
-        return [_info(v) for v in self.graph.inputs]
+        return [io_info(v) for v in self.graph.inputs]
 
     @property
     def outputs(self) -> list[IOInfo]:
-        return [_info(v) for v in self.graph.outputs]
+        return [io_info(v) for v in self.graph.outputs]
 
     def save(self, path: str | os.PathLike) -> None:
         """Save in the native ``.onemodel`` format (needs onemodel-native)."""

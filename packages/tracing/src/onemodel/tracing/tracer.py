@@ -19,7 +19,7 @@ from onemodel.tensors import DimExpr, DType, OneModelError, Tensor, TensorSpec, 
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.symbolic import Dim, SymInt, as_dim, evaluate
 
-from .errors import TraceError, TraceWarning
+from .errors import TraceError, TraceWarning, user_location
 from .traced import TracedData, TracedTensor
 
 # ops that exist for training only: no inference graph holds them
@@ -259,7 +259,7 @@ class Tracer:
             warnings.warn(
                 f"the size {d} given as a plain int is taken as symbolic axis {hits[0]!r} (its "
                 f"example size), but {d} is also a fixed dimension here; use x.shape[...] to say "
-                "which you mean (at " + _loc() + ")", TraceWarning, stacklevel=2)
+                "which you mean (at " + user_location() + ")", TraceWarning, stacklevel=2)
         return DimExpr.symbol(hits[0])
 
     def _dim_tensor(self, d: Dim) -> Tensor:
@@ -337,10 +337,3 @@ class Tracer:
     # refusing --------------------------------------------------------------------------------
     def refuse(self, operation: str, reason: str, hint: str = "") -> None:
         raise TraceError(operation, reason, hint)
-
-
-def _loc() -> str:
-    from .errors import user_location
-
-    return user_location()
-
