@@ -114,3 +114,48 @@ def ctc_loss_grad(log_probs, targets, input_lengths, target_lengths, nll, grad, 
     return out.astype(log_probs.dtype)
 
 
+
+
+def _nll_shape(specs, *, ignore_index=None, reduction="mean"):
+    x, target = specs[0], specs[1]
+    if reduction == "none":
+        return TensorSpec(tuple(target.shape), x.dtype)
+    return TensorSpec((), x.dtype)
+
+
+def _nll(log_prob, target, weight, ignore_index, reduction):
+    c = log_prob.shape[1]
+    t = target.astype(np.int64)
+    valid = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index
+    safe = np.where(valid, t, 0)
+    picked = np.take_along_axis(log_prob, np.expand_dims(safe, 1), axis=1).squeeze(1)
+    w = np.ones(c, log_prob.dtype) if weight is None else weight
+    sample_w = np.where(valid, w[safe], 0).astype(log_prob.dtype)
+    loss = -picked * sample_w
+    if reduction == "none":
+        return loss.astype(log_prob.dtype)
+    if reduction == "sum":
+        return np.asarray(loss.sum(), log_prob.dtype)
+    return np.asarray(loss.sum() / sample_w.sum(), log_prob.dtype)
+
+
+@defop("NegativeLogLikelihoodLoss", shape=_nll_shape)
+def negative_log_likelihood_loss(input, target, weight=None, *, ignore_index=None,
+                                 reduction="mean"):
+    """ONNX NLL: classes on axis 1, ``weight`` per class, ``ignore_index`` skipped."""
+    return _nll(input, target, weight, ignore_index, reduction)
+
+
+def _sce_shape(specs, *, ignore_index=None, reduction="mean"):
+    scores = specs[0]
+    return [_nll_shape(specs, reduction=reduction), TensorSpec(scores.shape, scores.dtype)]
+
+
+@defop("SoftmaxCrossEntropyLoss", shape=_sce_shape, outputs=("output", "log_prob"))
+def softmax_cross_entropy_loss(scores, labels, weights=None, *, ignore_index=None,
+                               reduction="mean"):
+    """ONNX SoftmaxCrossEntropyLoss: log-softmax over axis 1, then NLL; also returns it."""
+    x = scores.astype(np.float64)
+    shifted = x - x.max(axis=1, keepdims=True)
+    log_prob = (shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))).astype(scores.dtype)
+    return _nll(log_prob, labels, weights, ignore_index, reduction), log_prob

@@ -606,6 +606,21 @@ def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
     return (X / (bias + alpha / size * total) ** beta).astype(X.dtype)
 
 
+def _rms_shape(specs, *, axis=-1, epsilon=1e-5, stash_type=1):
+    x = specs[0]
+    norm_axis(axis, len(x.shape))
+    return TensorSpec(x.shape, same_dtype(specs[:1], FLOATING))
+
+
+@defop("RMSNormalization", shape=_rms_shape)
+def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """ONNX RMSNormalization (opset 23): X / sqrt(mean(X^2) + epsilon) * scale."""
+    a = axis % X.ndim
+    x = X.astype(np.float32 if stash_type == 1 and X.dtype == np.float16 else X.dtype)
+    ms = np.mean(x * x, axis=tuple(range(a, X.ndim)), keepdims=True)
+    return (x / np.sqrt(ms + epsilon) * scale).astype(X.dtype)
+
+
 # softmax -----------------------------------------------------------------------------------
 
 def _softmax_shape(specs, *, axis=-1):

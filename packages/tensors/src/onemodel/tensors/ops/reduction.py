@@ -147,3 +147,57 @@ def arg_max(data, *, axis=0, keepdims=1, select_last_index=0):
 def arg_min(data, *, axis=0, keepdims=1, select_last_index=0):
     return _arg(np.argmin, data, axis, keepdims, select_last_index)
 
+
+
+def _reduction(name: str, fn, doc: str):
+    """A Reduce* op of opset 18's form whose kernel is ``fn(data, axes, keepdims)``."""
+
+    def kernel(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
+        ax = _axes(data, axes, noop_with_empty_axes)
+        if ax == ():
+            return fn(data, None, True, noop=True)
+        return fn(data, ax, bool(keepdims), noop=False)
+
+    kernel.__name__ = name.lower()
+    kernel.__doc__ = doc
+    return defop(name, shape=_reduce_shape, static=("axes",))(kernel)
+
+
+def _l1(d, ax, keep, noop):
+    return np.abs(d) if noop else np.sum(np.abs(d), axis=ax, keepdims=keep).astype(d.dtype)
+
+
+def _l2(d, ax, keep, noop):
+    if noop:
+        return np.abs(d)
+    return np.sqrt(np.sum(np.square(d.astype(np.float64)), axis=ax, keepdims=keep)).astype(d.dtype)
+
+
+def _log_sum(d, ax, keep, noop):
+    return np.log(d) if noop else np.log(np.sum(d, axis=ax, keepdims=keep)).astype(d.dtype)
+
+
+def _log_sum_exp(d, ax, keep, noop):
+    if noop:
+        return d.copy()
+    x = d.astype(np.float64)
+    top = np.max(x, axis=ax, keepdims=True, initial=-np.inf)
+    top = np.where(np.isfinite(top), top, 0)
+    out = np.log(np.sum(np.exp(x - top), axis=ax, keepdims=True)) + top
+    return (out if keep else np.squeeze(out, axis=ax)).astype(d.dtype)
+
+
+def _prod(d, ax, keep, noop):
+    return d.copy() if noop else np.prod(d, axis=ax, keepdims=keep).astype(d.dtype)
+
+
+def _sum_square(d, ax, keep, noop):
+    return np.square(d) if noop else np.sum(np.square(d), axis=ax, keepdims=keep).astype(d.dtype)
+
+
+_reduction("ReduceL1", _l1, "Sum of absolute values over axes.")
+_reduction("ReduceL2", _l2, "Euclidean norm over axes.")
+_reduction("ReduceLogSum", _log_sum, "log of the sum over axes.")
+_reduction("ReduceLogSumExp", _log_sum_exp, "log of the sum of exponentials over axes, stably.")
+_reduction("ReduceProd", _prod, "Product over axes.")
+_reduction("ReduceSumSquare", _sum_square, "Sum of squares over axes.")

@@ -1,0 +1,199 @@
+"""Index-driven ops with ONNX semantics: GatherElements, GatherND, ScatterElements, ScatterND,
+Trilu, CumSum, Range, Hardmax, TopK, DepthToSpace, SpaceToDepth, Einsum. Inference ops (no
+gradient rules)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtype import DType
+from ..errors import ShapeError
+from ..symbolic import DimExpr
+from .base import TensorSpec, const_ints, defop, norm_axis, same_dtype
+
+
+def _positive(indices, size):
+    return np.where(indices < 0, indices + size, indices).astype(np.int64)
+
+
+@defop("GatherElements", shape=lambda specs, axis=0: TensorSpec(specs[1].shape, specs[0].dtype))
+def gather_elements(data, indices, *, axis=0):
+    a = axis % data.ndim
+    return np.take_along_axis(data, _positive(indices, data.shape[a]), axis=a)
+
+
+def _gather_nd_shape(specs, *, batch_dims=0):
+    data, idx = specs
+    last = idx.shape[-1]
+    if not isinstance(last, int):
+        raise ShapeError("GatherND needs a static last index axis")
+    return TensorSpec(tuple(idx.shape[:-1]) + tuple(data.shape[batch_dims + last:]), data.dtype)
+
+
+@defop("GatherND", shape=_gather_nd_shape)
+def gather_nd(data, indices, *, batch_dims=0):
+    b = batch_dims
+    batch = data.shape[:b]
+    flat_data = data.reshape((-1,) + data.shape[b:])
+    flat_idx = indices.reshape((-1,) + indices.shape[b:])
+    out = []
+    for d, i in zip(flat_data, flat_idx):
+        k = i.shape[-1]
+        pos = _positive(i, np.asarray(d.shape[:k]))
+        out.append(d[tuple(np.moveaxis(pos, -1, 0))])
+    res = np.stack(out) if out else np.zeros((0,), data.dtype)
+    return res.reshape(batch + indices.shape[b:-1] + data.shape[b + indices.shape[-1]:])
+
+
+def _reduce_into(target, index, values, reduction):
+    if reduction == "none":
+        target[index] = values
+    elif reduction == "add":
+        np.add.at(target, index, values)
+    elif reduction == "mul":
+        np.multiply.at(target, index, values)
+    elif reduction == "max":
+        np.maximum.at(target, index, values)
+    elif reduction == "min":
+        np.minimum.at(target, index, values)
+    else:
+        raise ValueError(f"unknown reduction {reduction!r}")
+
+
+@defop("ScatterElements", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype))
+def scatter_elements(data, indices, updates, *, axis=0, reduction="none"):
+    a = axis % data.ndim
+    out = data.copy()
+    idx = list(np.indices(indices.shape, sparse=True))
+    idx[a] = _positive(indices, data.shape[a])
+    _reduce_into(out, tuple(idx), updates, reduction)
+    return out
+
+
+@defop("ScatterND", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype))
+def scatter_nd(data, indices, updates, *, reduction="none"):
+    out = data.copy()
+    k = indices.shape[-1]
+    flat = indices.reshape(-1, k)
+    ups = updates.reshape((flat.shape[0],) + data.shape[k:])
+    for i, u in zip(flat, ups):
+        _reduce_into(out, tuple(_positive(i, np.asarray(data.shape[:k]))), u, reduction)
+    return out
+
+
+@defop("Trilu", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype))
+def trilu(input, k=None, *, upper=1):
+    """The upper (or lower) triangle of the last two axes, from diagonal ``k``."""
+    kk = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
+    return np.triu(input, kk) if upper else np.tril(input, kk)
+
+
+@defop("CumSum", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype))
+def cum_sum(x, axis, *, exclusive=0, reverse=0):
+    a = int(np.asarray(axis).reshape(-1)[0]) % x.ndim
+    y = np.flip(x, a) if reverse else x
+    out = np.cumsum(y, axis=a, dtype=x.dtype)
+    if exclusive:
+        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=a)),
+                              np.take(out, range(out.shape[a] - 1), axis=a)], axis=a)
+    return np.flip(out, a) if reverse else out
+
+
+def _range_shape(specs):
+    start, limit, delta = (const_ints(s, "Range bounds") for s in specs)
+    dt = same_dtype(specs)
+    n = max(int(np.ceil((limit[0] - start[0]) / delta[0])), 0)
+    return TensorSpec((n,), dt)
+
+
+@defop("Range", shape=_range_shape, static=("start", "limit", "delta"))
+def range_(start, limit, delta):
+    s, l, d = (np.asarray(v).reshape(()) for v in (start, limit, delta))
+    n = max(int(np.ceil((l - s) / d)), 0)
+    return (s + np.arange(n) * d).astype(np.asarray(start).dtype)
+
+
+def _last_axis_shape(specs, *, axis=-1):
+    norm_axis(axis, len(specs[0].shape))
+    return TensorSpec(specs[0].shape, specs[0].dtype)
+
+
+@defop("Hardmax", shape=_last_axis_shape)
+def hardmax(input, *, axis=-1):
+    """1 at the first maximum along ``axis``, 0 elsewhere."""
+    a = axis % input.ndim
+    out = np.zeros_like(input)
+    np.put_along_axis(out, np.expand_dims(np.argmax(input, axis=a), a), 1, axis=a)
+    return out
+
+
+def _topk_shape(specs, *, axis=-1, largest=1, sorted=1):
+    x = specs[0]
+    k = const_ints(specs[1], "TopK k")[0]
+    a = norm_axis(axis, len(x.shape))
+    shape = tuple(k if i == a else d for i, d in enumerate(x.shape))
+    return [TensorSpec(shape, x.dtype), TensorSpec(shape, DType.I64)]
+
+
+@defop("TopK", shape=_topk_shape, outputs=("Values", "Indices"), static=("K",))
+def top_k(X, K, *, axis=-1, largest=1, sorted=1):
+    """The k largest (or smallest) elements along ``axis``; ties keep the lower index."""
+    k = int(np.asarray(K).reshape(-1)[0])
+    a = axis % X.ndim
+    key = -X if largest else X
+    order = np.argsort(key, axis=a, kind="stable")
+    idx = np.take(order, range(k), axis=a)
+    return np.take_along_axis(X, idx, axis=a), idx.astype(np.int64)
+
+
+def _d2s_shape(specs, *, blocksize=1, mode="DCR"):
+    n, c, h, w = specs[0].shape
+    b = blocksize
+    return TensorSpec((n, c // (b * b) if isinstance(c, int) else c, _mul(h, b), _mul(w, b)),
+                      specs[0].dtype)
+
+
+def _mul(d, k):
+    return d * k if isinstance(d, (int, DimExpr)) else d
+
+
+@defop("DepthToSpace", shape=_d2s_shape)
+def depth_to_space(input, *, blocksize=1, mode="DCR"):
+    n, c, h, w = input.shape
+    b = blocksize
+    if mode == "DCR":
+        t = input.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        t = input.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return t.reshape(n, c // (b * b), h * b, w * b)
+
+
+def _s2d_shape(specs, *, blocksize=1, mode="DCR"):
+    n, c, h, w = specs[0].shape
+    b = blocksize
+    if not isinstance(h, int) or not isinstance(w, int):
+        raise ShapeError("SpaceToDepth needs static spatial sizes")
+    return TensorSpec((n, _mul(c, b * b), h // b, w // b), specs[0].dtype)
+
+
+@defop("SpaceToDepth", shape=_s2d_shape)
+def space_to_depth(input, *, blocksize=1, mode="DCR"):
+    n, c, h, w = input.shape
+    b = blocksize
+    t = input.reshape(n, c, h // b, b, w // b, b)
+    t = t.transpose(0, 3, 5, 1, 2, 4) if mode == "DCR" else t.transpose(0, 1, 3, 5, 2, 4)
+    return t.reshape(n, c * b * b, h // b, w // b)
+
+
+def _einsum_shape(specs, *, equation=""):
+    dt = same_dtype(specs)
+    arrays = [np.empty(tuple(d if isinstance(d, int) else 2 for d in s.shape), np.int8)
+              for s in specs]
+    if any(not all(isinstance(d, int) for d in s.shape) for s in specs):
+        raise ShapeError("Einsum needs static shapes")
+    return TensorSpec(np.einsum(equation, *arrays).shape, dt)
+
+
+@defop("Einsum", shape=_einsum_shape)
+def einsum(*Inputs, equation=""):
+    return np.asarray(np.einsum(equation, *Inputs)).astype(Inputs[0].dtype, copy=False)
