@@ -123,7 +123,7 @@ def _nll_shape(specs, *, ignore_index=None, reduction="mean"):
     return TensorSpec((), x.dtype)
 
 
-def _nll(log_prob, target, weight, ignore_index, reduction):
+def _weighted_nll(log_prob, target, weight, ignore_index, reduction):
     c = log_prob.shape[1]
     t = target.astype(np.int64)
     valid = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index
@@ -143,7 +143,7 @@ def _nll(log_prob, target, weight, ignore_index, reduction):
 def negative_log_likelihood_loss(input, target, weight=None, *, ignore_index=None,
                                  reduction="mean"):
     """ONNX NLL: classes on axis 1, ``weight`` per class, ``ignore_index`` skipped."""
-    return _nll(input, target, weight, ignore_index, reduction)
+    return _weighted_nll(input, target, weight, ignore_index, reduction)
 
 
 def _sce_shape(specs, *, ignore_index=None, reduction="mean"):
@@ -158,4 +158,4 @@ def softmax_cross_entropy_loss(scores, labels, weights=None, *, ignore_index=Non
     x = scores.astype(np.float64)
     shifted = x - x.max(axis=1, keepdims=True)
     log_prob = (shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))).astype(scores.dtype)
-    return _nll(log_prob, labels, weights, ignore_index, reduction), log_prob
+    return _weighted_nll(log_prob, labels, weights, ignore_index, reduction), log_prob
