@@ -124,6 +124,12 @@ ROWS = [
     Row("matvec", lambda a, b: a @ b, lambda a, b: a @ b, [A(2, 3, 4), A(4)]),
     Row("linear_2d", F.linear, TF.linear, [A(5, 4), A(3, 4), A(3)]),
     Row("linear_3d", F.linear, TF.linear, [A(2, 5, 4), A(3, 4), A(3)]),
+    Row("gemm_transA_alpha_beta",
+        lambda a, b, c: dispatch("Gemm", (a, b, c), {"transA": 1, "alpha": 0.7, "beta": 1.3}),
+        lambda a, b, c: 0.7 * (a.T @ b) + 1.3 * c, [A(4, 3), A(4, 5), A(3, 1)]),
+    Row("gemm_both_transposed",
+        lambda a, b: dispatch("Gemm", (a, b), {"transA": 1, "transB": 1}),
+        lambda a, b: a.T @ b.T, [A(4, 3), A(5, 4)]),
     # shapes and indexing
     Row("reshape", lambda a: a.reshape(4, -1) * 1, lambda a: a.reshape(4, -1) * 1, [A(2, 3, 2)]),
     Row("transpose", lambda a: a.transpose(0, 2), lambda a: a.transpose(0, 2), [A(2, 3, 4)]),

@@ -7,7 +7,7 @@ import numpy as np
 from ..dtype import FLOATING, NUMERIC
 from ..errors import ShapeError
 from ..symbolic import dims_equal
-from ._grad import unbroadcast
+from ._grad import call, unbroadcast
 from .base import TensorSpec, broadcast_shapes, defop, same_dtype
 
 
@@ -62,23 +62,30 @@ def _gemm_shape(specs, *, alpha=1.0, beta=1.0, transA=0, transB=0):
 
 
 def _gemm_grad(ctx, g):
-    # Y = A' @ B' with A' = A.T if transA, B' = B.T if transB. Each gradient is written as one
-    # product in the layout of its input, so it comes out contiguous.
+    # Y = alpha * A' @ B' + beta * C with A' = A.T if transA, B' = B.T if transB. Each gradient
+    # is one Gemm whose trans flags read the operands as they are stored, so it comes out
+    # contiguous and costs a single op.
     a, b = ctx.inputs[0], ctx.inputs[1]
     c = ctx.inputs[2] if len(ctx.inputs) > 2 else None
     alpha, beta = ctx.attrs["alpha"], ctx.attrs["beta"]
     ta, tb = ctx.attrs["transA"], ctx.attrs["transB"]
-    a_ = a.mT if ta else a
-    b_ = b.mT if tb else b
     ga = gb = gc = None
-    if a.requires_grad:
-        ga = b_ @ g.mT if ta else g @ b_.mT
-        ga = ga * alpha if alpha != 1.0 else ga
-    if b.requires_grad:
-        gb = g.mT @ a_ if tb else a_.mT @ g
-        gb = gb * alpha if alpha != 1.0 else gb
+    if a.requires_grad:  # dA' = g @ B'^T
+        if ta:  # dA = (g @ B'^T)^T = B' @ g^T
+            ga = call("Gemm", b, g, alpha=alpha, transA=tb, transB=1)
+        else:
+            ga = call("Gemm", g, b, alpha=alpha, transB=1 - tb)
+    if b.requires_grad:  # dB' = A'^T @ g
+        if tb:  # dB = g^T @ A'
+            gb = call("Gemm", g, a, alpha=alpha, transA=1, transB=ta)
+        else:
+            gb = call("Gemm", a, g, alpha=alpha, transA=1 - ta)
     if c is not None and c.requires_grad:
-        gc = unbroadcast(g * beta if beta != 1.0 else g, c.shape)
+        gs = g * beta if beta != 1.0 else g
+        if c.ndim == 1 and c.shape[0] == g.shape[1] != 1:
+            gc = gs.sum(axis=0)  # the usual bias: one reduction
+        else:
+            gc = unbroadcast(gs, c.shape)
     return ga, gb, gc
 
 
