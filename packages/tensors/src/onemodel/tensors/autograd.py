@@ -17,7 +17,6 @@ from .errors import AutogradError
 
 if TYPE_CHECKING:
     from .ops.base import OpDef
-    from .tensor import Tensor
 
 
 class _GradMode(threading.local):
@@ -99,8 +98,6 @@ class Node:
 
     @property
     def outputs(self) -> tuple:
-        from .tensor import Tensor
-
         out = []
         for ref, data in self._saved:
             t = ref()
@@ -114,7 +111,6 @@ class Node:
 def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
              create_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) into ``.grad`` of every leaf that requires grad."""
-    from .tensor import Tensor
 
     if not root.requires_grad:
         raise AutogradError(
@@ -190,7 +186,6 @@ def _accumulate(leaf: Tensor, g: Tensor, handed: set[int]) -> None:
     another leaf (or given by the caller) in this backward pass."""
     if not leaf.requires_grad:
         return
-    from .tensor import Tensor
 
     if g._data.dtype != leaf._data.dtype:
         g = g.cast(leaf.dtype)
@@ -233,3 +228,6 @@ def _topological(start: Node) -> list[Node]:
                 if consumers[key] == 0:
                     ready.append(inp._node)
     return order
+
+
+from .tensor import Tensor  # noqa: E402 - tensor imports dispatch, which imports this module

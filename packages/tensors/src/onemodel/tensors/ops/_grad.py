@@ -6,15 +6,33 @@ import numpy as np
 
 
 def call(op: str, *inputs, **attrs):
-    from ..dispatch import dispatch
-
-    return dispatch(op, inputs, attrs)
+    return _dispatch()(op, inputs, attrs)
 
 
 def ints(values):
-    from ..tensor import Tensor
+    return _tensor()._wrap(np.asarray(values, dtype=np.int64))
 
-    return Tensor._wrap(np.asarray(values, dtype=np.int64))
+
+# dispatch and Tensor import this package: bind them on first use, once
+_bound: dict = {}
+
+
+def _dispatch():
+    fn = _bound.get("dispatch")
+    if fn is None:
+        from ..dispatch import dispatch as fn
+
+        _bound["dispatch"] = fn
+    return fn
+
+
+def _tensor():
+    cls = _bound.get("Tensor")
+    if cls is None:
+        from ..tensor import Tensor as cls
+
+        _bound["Tensor"] = cls
+    return cls
 
 
 def unbroadcast(g, shape):
