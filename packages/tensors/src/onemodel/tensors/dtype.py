@@ -20,6 +20,9 @@ class DType(enum.Enum):
     I32 = "int32"
     I64 = "int64"
     U8 = "uint8"
+    U16 = "uint16"
+    U32 = "uint32"
+    U64 = "uint64"
     BOOL = "bool"
 
     @property
@@ -62,7 +65,8 @@ _TO_NUMPY = {d: np.dtype(d.value) for d in DType}
 _FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items()}
 
 FLOATING = frozenset({DType.F16, DType.F32, DType.F64})
-INTEGER = frozenset({DType.I8, DType.I16, DType.I32, DType.I64, DType.U8})
+INTEGER = frozenset({DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U16, DType.U32,
+                     DType.U64})
 NUMERIC = FLOATING | INTEGER
 
 

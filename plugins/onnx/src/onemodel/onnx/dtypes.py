@@ -5,8 +5,8 @@ from __future__ import annotations
 from onemodel.tensors import DType, OneModelError
 
 # TensorProto.DataType numbers (stable across onnx releases)
-TO_ONNX = {DType.F32: 1, DType.U8: 2, DType.I8: 3, DType.I16: 5, DType.I32: 6, DType.I64: 7,
-           DType.BOOL: 9, DType.F16: 10, DType.F64: 11}
+TO_ONNX = {DType.F32: 1, DType.U8: 2, DType.I8: 3, DType.U16: 4, DType.I16: 5, DType.I32: 6,
+           DType.I64: 7, DType.BOOL: 9, DType.F16: 10, DType.F64: 11, DType.U32: 12, DType.U64: 13}
 FROM_ONNX = {v: k for k, v in TO_ONNX.items()}
 
 

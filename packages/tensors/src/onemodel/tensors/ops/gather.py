@@ -140,7 +140,12 @@ def top_k(X, K, *, axis=-1, largest=1, sorted=1):
     """The k largest (or smallest) elements along ``axis``; ties keep the lower index."""
     k = int(np.asarray(K).reshape(-1)[0])
     a = axis % X.ndim
-    key = -X if largest else X
+    if not largest:
+        key = X
+    elif X.dtype.kind == "u":  # negation would wrap around: count down from the top instead
+        key = np.iinfo(X.dtype).max - X
+    else:
+        key = -X
     order = np.argsort(key, axis=a, kind="stable")
     idx = np.take(order, range(k), axis=a)
     return np.take_along_axis(X, idx, axis=a), idx.astype(np.int64)
