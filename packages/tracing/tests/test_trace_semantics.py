@@ -149,3 +149,20 @@ def test_module_trace_names_input_and_output():
     assert [(i.name, i.shape) for i in traced.inputs] == [("input", ("batch", 3))]
     assert [(o.name, o.shape) for o in traced.outputs] == [("output", ("batch", 1))]
     assert traced.graph.metadata["producer"] == "onemodel-tracing"
+
+
+def test_causal_attention_follows_a_symbolic_sequence_length(tmp_path):
+    from onemodel.tensors import functional as F
+
+    def attend(q):
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    traced = Tracer(attend).trace({"q": Tensor.randn(2, 5, 4)}, axes={"q": ("batch", "seq", None)})
+    report = traced.check({"batch": [1, 3, 4], "seq": [2, 9, 3]})
+    assert report.ok, str(report)
+    ort = pytest.importorskip("onnxruntime")
+    traced.save_onnx(tmp_path / "causal.onnx")
+    q = np.random.default_rng(0).standard_normal((3, 7, 4)).astype(np.float32)
+    got = ort.InferenceSession(str(tmp_path / "causal.onnx"),
+                               providers=["CPUExecutionProvider"]).run(None, {"q": q})[0]
+    np.testing.assert_allclose(got, attend(Tensor.from_numpy(q)).numpy(), rtol=1e-5, atol=1e-6)

@@ -225,12 +225,10 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  is_causal: bool = False, scale: float | None = None,
                                  generator: Generator | None = None) -> Tensor:
     """softmax(q @ k^T * scale + mask) @ v. A BOOL mask marks the positions that may attend."""
-    length, source = query.shape[-2], key.shape[-2]
     s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     scores = (query @ key.mT) * s
     if is_causal:
-        allowed = Tensor._wrap(np.tril(np.ones((length, source), dtype=bool)))
-        scores = where(allowed, scores, float("-inf"))
+        scores = where(causal_mask(scores), scores, float("-inf"))
     if attn_mask is not None:
         if attn_mask.dtype is DType.BOOL:
             scores = where(attn_mask, scores, float("-inf"))
@@ -240,6 +238,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     if dropout_p > 0:
         weights = dropout(weights, dropout_p, True, generator)
     return weights @ value
+
+
+def causal_mask(scores: Tensor) -> Tensor:
+    """BOOL mask, True on and below the diagonal of the last two axes of ``scores``: built
+    with ops (Expand, Trilu) from the scores' shape, so it follows symbolic lengths in a trace."""
+    dims = scores.shape[-2:]
+    ones = Tensor._wrap(np.ones((), scores._data.dtype)).expand(*dims)
+    return _call("Trilu", ones, upper=0) > 0.5
 
 
 def one_hot(indices: Tensor, num_classes: int = -1) -> Tensor:

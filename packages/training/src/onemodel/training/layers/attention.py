@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from onemodel.tensors import DType, Generator, OneModelError, Tensor, where
 from onemodel.tensors import functional as F
 
@@ -54,7 +52,7 @@ class MultiheadAttention(Module):
         v = v.reshape(n, source, h, d).transpose(1, 2)
         scores = (q @ k.mT) * (1.0 / math.sqrt(d))
         if is_causal and attn_mask is None:
-            attn_mask = Tensor.from_numpy(~np.tril(np.ones((length, source), dtype=bool)))
+            attn_mask = ~F.causal_mask(scores)  # True marks what may not attend
         if attn_mask is not None:
             scores = _apply_mask(scores, attn_mask)
         if key_padding_mask is not None:
