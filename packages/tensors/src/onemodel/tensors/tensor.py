@@ -7,7 +7,7 @@ the op set, so eager code, gradients and (later) tracing all see the same ops.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -706,10 +706,6 @@ def ones_like(t: Tensor) -> Tensor:
 def tensor(data: Any, dtype=None, requires_grad: bool = False) -> Tensor:
     """Build a tensor from nested data; Python floats become F32, ints I64."""
     return Tensor(data, dtype=dtype, requires_grad=requires_grad)
-
-
-def as_tensors(values: Iterable) -> list[Tensor]:
-    return [v if isinstance(v, Tensor) else tensor(v) for v in values]
 
 
 from .dispatch import dispatch, dispatch_binary  # noqa: E402 - dispatch needs Tensor defined first

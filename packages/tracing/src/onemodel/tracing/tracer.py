@@ -192,10 +192,7 @@ class Tracer:
         return tuple(results) if len(results) > 1 or opdef.outputs[0].endswith("...") else results[0]
 
     def _spec(self, t: TracedTensor) -> TensorSpec:
-        spec = self._values.get(t.name)
-        if spec is None:  # pragma: no cover - every traced value is registered when made
-            spec = TensorSpec(tuple(as_dim(d) for d in t.shape), t.dtype)
-        return spec
+        return self._values[t.name]  # every traced value is registered when it is made
 
     @staticmethod
     def _const_spec(t: Tensor) -> TensorSpec:
