@@ -9,7 +9,7 @@ from runtime_graphs import mlp
 from onemodel.runtime import FormatNotInstalledError, Session, load, save
 
 
-def test_missing_formats_name_the_package_to_install(isolated_runtime, tmp_path):
+def test_missing_formats_name_the_package_to_install(isolated_registry, tmp_path):
     g = mlp(sizes=(3, 2))
     with pytest.raises(FormatNotInstalledError, match="pip install onemodel-native"):
         save(g, tmp_path / "m.onemodel")

@@ -135,7 +135,7 @@ def test_passes_come_from_the_registry_and_declare_their_changes():
     assert all(p.changes for p in passes)
 
 
-def test_a_plugin_pass_runs_in_sessions(isolated_runtime):
+def test_a_plugin_pass_runs_in_sessions(isolated_registry):
     from onemodel.runtime.passes import Pass
     from onemodel.tensors import registry
     from onemodel.tensors.registry import hookimpl

@@ -109,20 +109,21 @@ def _variadic_shape(specs):
     return TensorSpec(broadcast_shapes(*[s.shape for s in specs]), same_dtype(specs, NUMERIC))
 
 
+def _fold(ufunc, arrays):
+    out = arrays[0]
+    for d in arrays[1:]:
+        out = ufunc(out, d)
+    return np.array(out, copy=True)
+
+
 @defop("Max", shape=_variadic_shape)
 def max_(*data_0):
-    out = data_0[0]
-    for d in data_0[1:]:
-        out = np.maximum(out, d)
-    return np.array(out, copy=True)
+    return _fold(np.maximum, data_0)
 
 
 @defop("Min", shape=_variadic_shape)
 def min_(*data_0):
-    out = data_0[0]
-    for d in data_0[1:]:
-        out = np.minimum(out, d)
-    return np.array(out, copy=True)
+    return _fold(np.minimum, data_0)
 
 
 @defop("Mean", shape=_variadic_shape)
