@@ -57,10 +57,3 @@ class GraphBuilder:
     def _name(self, base: str) -> str:
         self._count += 1
         return f"{base}_{self._count}"
-
-
-def as_value_info(name: str, dtype: DType, shape) -> ValueInfo:
-    return ValueInfo(name, dtype, tuple(shape))
-
-
-__all__ = ["GraphBuilder", "Node", "as_value_info"]

@@ -4,7 +4,7 @@ initializers and metadata. Nodes are kept in topological order; every value is a
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,7 +254,3 @@ def small_value(arr: np.ndarray):
     if arr.dtype.kind == "f" and not np.all(np.isfinite(flat) & (flat == np.round(flat))):
         return None
     return tuple(int(v) for v in flat)
-
-
-def value_names(nodes: Iterable[Node]) -> set[str]:
-    return {o for n in nodes for o in n.outputs if o}

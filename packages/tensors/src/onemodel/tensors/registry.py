@@ -118,7 +118,6 @@ class Registry:
         self._collected: dict[str, list[tuple[str, tuple, dict]]] = {}
         self._kernels: dict[str, list[KernelRecord]] | None = None
         self._backends: dict[str, BackendRecord] | None = None
-        self.generation = 0  # bumped whenever registrations change; caches compare it
 
     # the plugin manager ------------------------------------------------------------------------
     @property
@@ -207,7 +206,6 @@ class Registry:
         self._collected.clear()
         self._kernels = None
         self._backends = None
-        self.generation += 1
         _notify_change()
 
     # collecting registrations ------------------------------------------------------------------

@@ -199,10 +199,6 @@ def evaluate(d: Dim, bindings: Mapping[str, int]) -> int:
     return d.evaluate(bindings) if isinstance(d, DimExpr) else int(d)
 
 
-def is_static(shape: Sequence[Dim]) -> bool:
-    return not any(isinstance(d, DimExpr) for d in shape)
-
-
 def dims_equal(a: Dim, b: Dim) -> bool:
     if isinstance(a, DimExpr) or isinstance(b, DimExpr):
         return a == b

@@ -84,11 +84,9 @@ class Tracer:
             raise TraceError("trace", f"input {name!r} has {len(shape)} axes but {len(axes)} axis "
                              "names were given", "give one name or None per axis")
         dims: list[Dim] = []
-        traced_shape: list[int] = []
         for axis, (size, sym) in enumerate(zip(shape, axes)):
             if sym is None:
                 dims.append(int(size))
-                traced_shape.append(int(size))
                 self._fixed_dims.add(int(size))
                 continue
             if size < 2:
@@ -108,7 +106,6 @@ class Tracer:
             self._sources.setdefault(sym, (name, axis))
             expr = DimExpr.symbol(sym)
             dims.append(expr)
-            traced_shape.append(SymInt(size, expr))
         self.graph.inputs.append(ValueInfo(name, example.dtype, tuple(dims)))
         return self._traced(name, example.dtype, tuple(dims))
 
@@ -328,7 +325,8 @@ class Tracer:
             else:
                 src = renamed.get(src, src)
                 self.graph.nodes.append(Node("Identity", [src], [name], {}, f"output_{name}"))
-            spec = self.graph.validate()[name]
+            # the spec recorded when the value was made (trace() validates the graph once)
+            spec = self._spec(value) if value._traced else self._const_spec(value)
             self.graph.outputs.append(ValueInfo(name, spec.dtype, spec.shape))
 
     # refusing --------------------------------------------------------------------------------

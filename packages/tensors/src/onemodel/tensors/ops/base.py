@@ -12,11 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ..dtype import DType
 from ..errors import DTypeError, OneModelError, ShapeError
-from ..symbolic import Dim, DimExpr, format_shape
+from ..symbolic import Dim, format_shape
 
 
 @dataclass(frozen=True)
@@ -185,7 +183,3 @@ def const_ints(spec: TensorSpec | None, what: str) -> tuple | None:
     if spec.value is None:
         raise UnknownValueError(f"{what} must be known when the graph is planned (a constant)")
     return tuple(spec.value)
-
-
-def is_dim(d) -> bool:
-    return isinstance(d, (int, np.integer, DimExpr))
