@@ -158,3 +158,102 @@ def test_a_plugin_pass_runs_in_sessions(isolated_registry):
     s = Session(_chain())
     assert s.optimizations["tanh-to-relu"] == 1
     assert "Tanh" not in {n.op for n in s.graph.nodes}
+
+
+def _deep_mlp(layers=30, width=6):
+    """``layers`` MatMul+Add+Relu blocks: one site per block for Gemm and activation fusion."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    h = b.input("x", DType.F32, ("batch", width))
+    for i in range(layers):
+        w = b.initializer(f"w{i}", f32(rng, width, width, scale=1 / np.sqrt(width)))
+        h = b.op("Relu", b.op("Add", b.op("MatMul", h, w), b.initializer(f"b{i}", f32(rng, width))))
+    b.output(h, "out")
+    return b.build()
+
+
+def _deep_conv_bn(blocks=25, c=3):
+    rng = np.random.default_rng(4)
+    b = GraphBuilder()
+    h = b.input("x", DType.F32, ("batch", c, 5, 5))
+    for i in range(blocks):
+        h = b.op("Conv", h, b.initializer(f"w{i}", f32(rng, c, c, 3, 3, scale=0.15)),
+                 b.initializer(f"cb{i}", f32(rng, c, scale=0.1)), pads=(1, 1, 1, 1))
+        h = b.op("BatchNormalization", h, *(b.initializer(f"{n}{i}", v) for n, v in (
+            ("s", rng.uniform(0.5, 1.5, c).astype(np.float32)), ("o", f32(rng, c, scale=0.1)),
+            ("m", f32(rng, c, scale=0.1)), ("v", rng.uniform(0.5, 1.5, c).astype(np.float32)))))
+    b.output(h, "out")
+    return b.build()
+
+
+def test_every_site_is_rewritten_past_twenty():
+    """30 Gemm+Relu and 25 Conv+BN sites: all of them, none left behind by a round cap."""
+    from onemodel.runtime.session import default_passes
+
+    g, counts = _check(_deep_mlp(), default_passes(),
+                       expect_ops_gone=("MatMul", "Add", "Relu", "Gemm"))
+    assert [n.op for n in g.nodes] == ["FusedGemm"] * 30
+    assert counts["matmul-add-to-gemm"] == 30 and counts["activation-fusion"] == 30
+    g, counts = _check(_deep_conv_bn(), default_passes(), expect_ops_gone=("BatchNormalization",))
+    assert [n.op for n in g.nodes] == ["Conv"] * 25
+    assert counts["batchnorm-folding"] == 25
+
+
+def test_each_pass_rewrites_all_matches_in_one_call():
+    g = _deep_mlp()
+    result = MatMulAddToGemm().run(g)
+    assert result.modified and result.rewrites == 30
+    assert ActivationFusion().run(g).rewrites == 30
+    assert not MatMulAddToGemm().run(g)
+    g = _deep_conv_bn()
+    assert BatchNormFolding().run(g).rewrites == 25
+
+
+def test_integer_matmul_add_is_not_made_a_gemm():
+    b = GraphBuilder()
+    x = b.input("x", DType.I64, ("batch", 3))
+    w = b.initializer("w", np.arange(12, dtype=np.int64).reshape(3, 4))
+    b.output(b.op("Add", b.op("MatMul", x, w), b.initializer("b", np.arange(4, dtype=np.int64))),
+             "out")
+    g = b.build()
+    assert not MatMulAddToGemm().run(g.copy())
+    s = Session(g)
+    x_val = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int64)
+    got = s.run({"x": x_val})["out"].numpy()
+    np.testing.assert_array_equal(got, x_val @ np.arange(12).reshape(3, 4) + np.arange(4))
+    assert {n.op for n in s.graph.nodes} == {"MatMul", "Add"}
+
+
+def test_a_rewrite_that_changes_a_shape_is_refused():
+    """same_spec is the shape-rule check every rewrite passes: it refuses a node whose result
+    differs in shape or dtype from the value it would replace, or that the op rejects."""
+    from onemodel.runtime.graph import Node
+    from onemodel.runtime.passes.base import same_spec
+    from onemodel.tensors import TensorSpec
+
+    specs = {"a": TensorSpec((2, 3), DType.F32), "b": TensorSpec((3, 4), DType.F32),
+             "i": TensorSpec((2, 3), DType.I64), "j": TensorSpec((3, 4), DType.I64)}
+    gemm = Node("Gemm", ["a", "b"], ["y"])
+    assert same_spec(gemm, specs, [TensorSpec((2, 4), DType.F32)])
+    assert not same_spec(gemm, specs, [TensorSpec((4, 2), DType.F32)])
+    assert not same_spec(gemm, specs, [TensorSpec((2, 4), DType.F64)])
+    assert not same_spec(Node("Gemm", ["i", "j"], ["y"]), specs, [TensorSpec((2, 4), DType.I64)])
+
+
+def test_the_manager_warns_when_it_hits_its_cap():
+    from onemodel.runtime.passes import Pass, PassManager
+    from onemodel.runtime.passes.base import FixpointWarning
+
+    class Flip(Pass):
+        name = "flip"
+        changes = "turns Tanh into Sigmoid and back (never settles)"
+
+        def run(self, graph):
+            for n in graph.nodes:
+                if n.op in ("Tanh", "Sigmoid"):
+                    n.op = "Sigmoid" if n.op == "Tanh" else "Tanh"
+            return True
+
+    with pytest.warns(FixpointWarning, match="fixpoint in 3 rounds"):
+        counts = PassManager([Flip()], max_rounds=3).run(_chain())
+    assert counts == {"flip": 3}

@@ -5,21 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Graph
-from .base import Pass, output_names, replace_uses
+from .base import Pass, PassResult, output_names, replace_uses
 
 
 class DeadCodeElimination(Pass):
     name = "dead-code"
     changes = "removes nodes no graph output depends on, and unused initializers"
 
-    def run(self, graph: Graph) -> bool:
+    def run(self, graph: Graph) -> PassResult:
         keep, needed = graph.needed(output_names(graph))
         unused = [k for k in graph.initializers if k not in needed]
         for k in unused:
             del graph.initializers[k]
-        changed = len(keep) != len(graph.nodes) or bool(unused)
+        removed = len(graph.nodes) - len(keep)
         graph.nodes = keep
-        return changed
+        return PassResult(removed + len(unused))
 
 
 class IdentityElimination(Pass):
@@ -27,9 +27,10 @@ class IdentityElimination(Pass):
     changes = ("removes Identity nodes and Dropout nodes that run in inference mode (their mask "
                "unused), rewiring their consumers")
 
-    def run(self, graph: Graph) -> bool:
+    def run(self, graph: Graph) -> PassResult:
         outputs = output_names(graph)
         inputs = {v.name for v in graph.inputs}
+        done = 0
         for n in list(graph.nodes):
             if not self._is_identity(graph, n):
                 continue
@@ -47,8 +48,8 @@ class IdentityElimination(Pass):
             else:
                 replace_uses(graph, dst, src)
             graph.nodes.remove(n)
-            return True
-        return False
+            done += 1
+        return PassResult(done)
 
     @staticmethod
     def _is_identity(graph: Graph, n) -> bool:
@@ -71,10 +72,16 @@ class CommonSubexpressionElimination(Pass):
     name = "cse"
     changes = "merges nodes that apply the same op with the same attributes to the same inputs"
 
-    def run(self, graph: Graph) -> bool:
+    def run(self, graph: Graph) -> PassResult:
         seen: dict[tuple, object] = {}
         outputs = output_names(graph)
-        for n in list(graph.nodes):
+        renames: dict[str, str] = {}
+        kept = []
+        for n in graph.nodes:
+            # nodes are in topological order: every merged value is renamed before it is read
+            if renames and any(i in renames for i in n.inputs):
+                n.inputs = [renames.get(i, i) for i in n.inputs]
+            kept.append(n)
             if n.op == "Dropout":
                 continue  # random in training mode
             key = (n.op, tuple(n.inputs), _freeze(n.attrs), len(n.outputs))
@@ -86,10 +93,11 @@ class CommonSubexpressionElimination(Pass):
                 continue
             for mine, theirs in zip(n.outputs, first.outputs):
                 if mine:
-                    replace_uses(graph, mine, theirs)
-            graph.nodes.remove(n)
-            return True
-        return False
+                    renames[mine] = theirs
+            kept.pop()
+        removed = len(graph.nodes) - len(kept)
+        graph.nodes = kept
+        return PassResult(removed)
 
 
 def _freeze(attrs: dict) -> tuple:

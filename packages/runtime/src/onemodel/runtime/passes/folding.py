@@ -7,7 +7,7 @@ import numpy as np
 from onemodel.tensors.ops import OPS
 
 from ..graph import Graph
-from .base import Pass
+from .base import Pass, PassResult
 
 # ops never folded: random, or producing far more data than they read
 _NEVER = {"Dropout", "Expand", "ConstantOfShape", "Tile"}
@@ -19,8 +19,9 @@ class ConstantFolding(Pass):
     changes = ("evaluates nodes whose inputs are all initializers (and Shape of a static shape) "
                "and stores their outputs as initializers")
 
-    def run(self, graph: Graph) -> bool:
+    def run(self, graph: Graph) -> PassResult:
         specs = None
+        folded = 0
         for n in list(graph.nodes):
             if n.op in _NEVER:
                 continue
@@ -46,5 +47,5 @@ class ConstantFolding(Pass):
                 if name:
                     graph.initializers[name] = np.asarray(value)
             graph.nodes.remove(n)
-            return True
-        return False
+            folded += 1
+        return PassResult(folded)

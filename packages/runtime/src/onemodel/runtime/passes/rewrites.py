@@ -8,7 +8,7 @@ import numpy as np
 from onemodel.tensors.ops.fused import ACTIVATIONS
 
 from ..graph import Graph, Node
-from .base import Pass, sole_consumer
+from .base import Pass, PassResult, Uses, same_spec, spec_of_array
 
 
 def _init(graph: Graph, name: str):
@@ -20,20 +20,23 @@ class BatchNormFolding(Pass):
     changes = ("folds an inference BatchNormalization into the Conv or Gemm that feeds it "
                "(constant weights): scales the weights, shifts the bias, drops the BN node")
 
-    def run(self, graph: Graph) -> bool:
-        for bn in graph.nodes:
-            if bn.op != "BatchNormalization":
+    def run(self, graph: Graph) -> PassResult:
+        uses = Uses(graph)
+        specs = None
+        folded = 0
+        for bn in list(graph.nodes):
+            if bn.op != "BatchNormalization" or len([o for o in bn.outputs if o]) != 1:
                 continue
             params = [_init(graph, i) for i in bn.inputs[1:5]]
-            if any(p is None for p in params):
+            if len(params) != 4 or any(p is None for p in params):
                 continue
-            producer = next((n for n in graph.nodes if bn.inputs[0] in n.outputs), None)
+            producer = uses.producer.get(bn.inputs[0])
             if producer is None or producer.op not in ("Conv", "Gemm"):
                 continue
-            if sole_consumer(graph, bn.inputs[0]) is not bn:
+            if uses.sole_consumer(bn.inputs[0]) is not bn:
                 continue
             w = _init(graph, producer.inputs[1])
-            if w is None:
+            if w is None or w.dtype.kind != "f":
                 continue
             b_name = producer.inputs[2] if len(producer.inputs) > 2 else ""
             b = _init(graph, b_name) if b_name else None
@@ -42,6 +45,8 @@ class BatchNormFolding(Pass):
             scale, shift, mean, var = (p.astype(np.float64) for p in params)
             factor = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
             if producer.op == "Conv":
+                if w.shape[0] != len(factor):
+                    continue
                 w_new = w * factor.reshape(-1, *([1] * (w.ndim - 1)))
             else:
                 if producer.attrs.get("transA", 0) or producer.attrs.get("beta", 1.0) != 1.0:
@@ -49,30 +54,45 @@ class BatchNormFolding(Pass):
                 if producer.attrs.get("alpha", 1.0) != 1.0:
                     continue
                 w_new = w * factor if not producer.attrs.get("transB", 0) else w * factor[:, None]
+            if b is not None and b.size not in (1, len(factor)):
+                continue
             bias = (np.zeros(len(factor)) if b is None else
                     b.reshape(-1) if b.size == len(factor) else np.broadcast_to(b, factor.shape))
             b_new = (bias - mean) * factor + shift
+            if specs is None:
+                specs = graph.validate(allow_unknown=True)
             w_name = graph.fresh_name(producer.inputs[1] + "_bnfold")
-            graph.initializers[w_name] = w_new.astype(w.dtype)
             new_b = graph.fresh_name((b_name or "bias") + "_bnfold")
-            graph.initializers[new_b] = b_new.astype(w.dtype)
-            producer.inputs = [producer.inputs[0], w_name, new_b]
-            producer.outputs = [bn.outputs[0]]
+            w_arr, b_arr = w_new.astype(w.dtype), b_new.astype(w.dtype)
+            specs[w_name], specs[new_b] = spec_of_array(w_arr), spec_of_array(b_arr)
+            candidate = Node(producer.op, [producer.inputs[0], w_name, new_b], [bn.outputs[0]],
+                             dict(producer.attrs), producer.name)
+            if not same_spec(candidate, specs, [specs.get(bn.outputs[0])]):
+                del specs[w_name], specs[new_b]
+                continue
+            graph.initializers[w_name] = w_arr
+            graph.initializers[new_b] = b_arr
+            producer.inputs = candidate.inputs
+            producer.outputs = candidate.outputs
+            uses.producer[bn.outputs[0]] = producer
             graph.nodes.remove(bn)
-            return True
-        return False
+            folded += 1
+        return PassResult(folded)
 
 
 class MatMulAddToGemm(Pass):
     name = "matmul-add-to-gemm"
-    changes = "replaces MatMul(A, B) followed by Add(bias) with Gemm(A, B, bias) for 2-D A and B"
+    changes = ("replaces MatMul(A, B) followed by Add(bias) with Gemm(A, B, bias) for 2-D "
+               "floating-point A and B")
 
-    def run(self, graph: Graph) -> bool:
+    def run(self, graph: Graph) -> PassResult:
+        uses = Uses(graph)
         specs = None
-        for mm in graph.nodes:
+        done = 0
+        for mm in list(graph.nodes):
             if mm.op != "MatMul":
                 continue
-            add = sole_consumer(graph, mm.outputs[0])
+            add = uses.sole_consumer(mm.outputs[0])
             if add is None or add.op != "Add":
                 continue
             if specs is None:
@@ -81,22 +101,30 @@ class MatMulAddToGemm(Pass):
             if a is None or b is None or specs[add.inputs[0]] is None or \
                     specs[add.inputs[1]] is None:
                 continue
+            # Gemm is a floating-point op: integer MatMul + Add stays as it is
+            if not (a.dtype.is_floating and b.dtype == a.dtype):
+                continue
             if len(a.shape) != 2 or len(b.shape) != 2:
                 continue
             other = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
             c = specs[other]
+            if c.dtype != a.dtype:
+                continue
             n_out = b.shape[1]
             if len(c.shape) > 2 or (c.shape and not (c.shape[-1] == n_out or c.shape[-1] == 1)):
                 continue
             if len(c.shape) == 2 and c.shape[0] != 1:
                 continue
-            mm.op = "Gemm"
-            mm.inputs = [mm.inputs[0], mm.inputs[1], other]
-            mm.outputs = [add.outputs[0]]
-            mm.attrs = {}
+            candidate = Node("Gemm", [mm.inputs[0], mm.inputs[1], other], [add.outputs[0]], {},
+                             mm.name)
+            if not same_spec(candidate, specs, [specs[add.outputs[0]]]):
+                continue
+            mm.op, mm.inputs, mm.outputs, mm.attrs = ("Gemm", candidate.inputs,
+                                                      candidate.outputs, {})
+            uses.producer[add.outputs[0]] = mm
             graph.nodes.remove(add)
-            return True
-        return False
+            done += 1
+        return PassResult(done)
 
 
 class ActivationFusion(Pass):
@@ -104,17 +132,26 @@ class ActivationFusion(Pass):
     changes = ("fuses Relu, Sigmoid or Tanh into the Conv or Gemm before it "
                "(FusedConv, FusedGemm)")
 
-    def run(self, graph: Graph) -> bool:
-        for node in graph.nodes:
+    def run(self, graph: Graph) -> PassResult:
+        uses = Uses(graph)
+        specs = None
+        done = 0
+        for node in list(graph.nodes):
             if node.op not in ("Conv", "Gemm"):
                 continue
-            act = sole_consumer(graph, node.outputs[0])
+            act = uses.sole_consumer(node.outputs[0])
             if act is None or act.op not in ACTIVATIONS:
                 continue
+            if specs is None:
+                specs = graph.validate(allow_unknown=True)
             fused = Node("Fused" + node.op, list(node.inputs), list(act.outputs),
                          {**node.attrs, "activation": act.op}, node.name)
+            if not same_spec(fused, specs, [specs.get(act.outputs[0])]):
+                continue
             at = graph.nodes.index(node)
             graph.nodes[at] = fused
+            for o in fused.outputs:
+                uses.producer[o] = fused
             graph.nodes.remove(act)
-            return True
-        return False
+            done += 1
+        return PassResult(done)
