@@ -204,17 +204,11 @@ def _plan_time(n, consts, out_specs) -> bool:
 
 
 def _choose_kernel(n, in_specs):
-    first = next((s for s in in_specs if s is not None), None)
-    dtype = first.dtype if first is not None else None
-    recs = registry.get_registry().candidates(n.op, DEVICE, dtype)
-    for rec in recs:
-        check = rec.supports_function()
-        if check is None:
-            return rec.function()
-        fakes = [None if s is None else _fake(s) for s in in_specs]
-        if check(*fakes, **n.attrs):
-            return rec.function()
-    raise GraphError(f"{n.label()}: no registered kernel accepts these inputs")
+    fakes = [None if s is None else _fake(s) for s in in_specs]
+    try:
+        return registry.choose_kernel(n.op, DEVICE, fakes, n.attrs)
+    except OneModelError as exc:
+        raise GraphError(f"{n.label()}: {exc}") from None
 
 
 def _fake(spec: TensorSpec) -> np.ndarray:

@@ -18,7 +18,6 @@ from .ops.base import OPS, OpDef, TensorSpec
 from .tensor import Tensor
 
 DEVICE = "cpu"
-_EMPTY: dict = {}
 # (op, dtype of each input) -> (OpDef, kernel)
 _cache: dict[tuple, tuple[OpDef, Any]] = {}
 registry.on_change(_cache.clear)
@@ -110,10 +109,9 @@ def _select(op: str, inputs, attrs):
     first = next((t for t in inputs if t is not None), None)
     dtype = first.dtype if first is not None else None
     recs = registry.get_registry().candidates(op, DEVICE, dtype)
-    if recs[0].supports is None:
-        kernel = recs[0].function()
-    else:
-        kernel = _Chooser(op, recs)
+    # a kernel without a supports check takes every call: choose once. Otherwise each call asks
+    # registry.choose_kernel, the same function the planner uses.
+    kernel = recs[0].function() if recs[0].supports is None else _Chooser(op, recs)
     entry = (opdef, kernel)
     _cache[(op, *[None if t is None else t._data.dtype for t in inputs])] = entry
     return entry
@@ -127,11 +125,7 @@ class _Chooser:
         self.recs = recs
 
     def choose(self, arrays, attrs):
-        for rec in self.recs:
-            check = rec.supports_function()
-            if check is None or check(*arrays, **(attrs or _EMPTY)):
-                return rec.function()
-        raise OneModelError(f"no registered kernel for {self.op} accepts this call")
+        return registry.choose_kernel(self.op, DEVICE, arrays, attrs, self.recs)
 
 
 def _explain(opdef: OpDef, inputs, attrs, exc: Exception) -> Exception:

@@ -18,7 +18,7 @@ import importlib
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -278,6 +278,34 @@ class Registry:
                 f"{dtype.name if dtype else None}; install a plugin for that device"
             )
         return out
+
+
+def choose_kernel(op: str, device: str, inputs: Sequence[Any], attrs: dict | None = None,
+                  recs: Sequence[KernelRecord] | None = None) -> Callable:
+    """The kernel for one call of ``op`` on ``device``: the best-priority kernel that accepts the
+    dtype of the first input and whose ``supports`` check accepts the call. This is the one
+    place kernels are chosen: eager dispatch calls it with the arrays, the planner with
+    stand-ins of the planned shapes and dtypes. ``recs`` skips the lookup (callers cache it)."""
+    if recs is None:
+        first = next((a for a in inputs if a is not None), None)
+        dtype = DType.from_numpy(first.dtype) if first is not None else None
+        recs = _registry.candidates(op, device, dtype)
+    for rec in recs:
+        check = rec.supports_function()
+        if check is None:
+            return rec.function()
+        if check(*inputs, **(attrs or _NO_ATTRS)):
+            return rec.function()
+    raise PluginError(f"no registered kernel for {op} on {device!r} accepts this call "
+                      f"(inputs: {_describe_arrays(inputs)}); the kernels' supports checks "
+                      "refused it and no fallback kernel is registered")
+
+
+_NO_ATTRS: dict = {}
+
+
+def _describe_arrays(inputs) -> str:
+    return ", ".join("None" if a is None else f"{a.dtype}{list(a.shape)}" for a in inputs)
 
 
 def _kernel_record(plugin, op, impl, *, device="cpu", dtypes=None, priority=0, supports=None):
