@@ -23,8 +23,28 @@ def onemodel_register_passes(register) -> None:
 def onemodel_register_serializers(register) -> None:
     """Provide a file format for graphs.
 
-    :param register: ``register(name, *, extensions, magic=b"", save, load, package)``.
+    :param register: ``register(name, *, extensions, magic=b"", save, load, package,
+        describe=None)``.
         ``extensions`` are file suffixes (``[".onemodel"]``); ``magic`` a byte prefix that
         identifies the format's files; ``save(graph, path)`` and ``load(path) -> Graph`` are
-        callables or ``"module:attr"`` strings; ``package`` is the distribution to install.
+        callables or ``"module:attr"`` strings; ``package`` is the distribution to install;
+        ``describe(path) -> dict`` (optional) gives format details that ``onemodel inspect``
+        prints, such as the format version or ONNX opset.
+    """
+
+
+@hookspec
+def onemodel_register_commands(register) -> None:
+    """Provide subcommands of the ``onemodel`` command-line tool.
+
+    :param register: ``register(name, command)``. ``command`` is a :class:`click.Command` or a
+        ``"module:attr"`` string naming one (imported only when that subcommand runs or its help
+        is shown); ``name`` is what users type after ``onemodel``. A name registered twice is an
+        error.
+
+    Example (the ONNX plugin adds ``onemodel validate``)::
+
+        @hookimpl
+        def onemodel_register_commands(register):
+            register("validate", "onemodel.onnx.cli:validate_command")
     """

@@ -22,3 +22,14 @@ def onemodel_register_passes(register) -> None:
     register("matmul-add-to-gemm", f"{p}.rewrites:MatMulAddToGemm", order=50)
     register("activation-fusion", f"{p}.rewrites:ActivationFusion", order=60)
     register("dead-code", f"{p}.cleanup:DeadCodeElimination", order=70)
+
+
+@hookimpl
+def onemodel_register_commands(register) -> None:
+    c = "onemodel.runtime.cli"
+    register("inspect", f"{c}.inspect:inspect_command")
+    register("run", f"{c}.run:run_command")
+    register("convert", f"{c}.convert:convert_command")
+    register("check", f"{c}.check:check_command")
+    register("bench", f"{c}.bench:bench_command")
+    register("plugins", f"{c}.plugins:plugins_command")

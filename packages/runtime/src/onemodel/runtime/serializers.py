@@ -28,6 +28,7 @@ class SerializerRecord:
     load: Any
     package: str
     plugin: str = ""
+    describe: Any = None  # describe(path) -> {"opset": 17, ...}: format details for inspect
 
 
 def serializers() -> dict[str, SerializerRecord]:
@@ -35,7 +36,8 @@ def serializers() -> dict[str, SerializerRecord]:
     for plugin, args, kwargs in registry.collect("onemodel_register_serializers"):
         name = args[0]
         rec = SerializerRecord(name, tuple(kwargs["extensions"]), kwargs.get("magic", b""),
-                               kwargs["save"], kwargs["load"], kwargs.get("package", ""), plugin)
+                               kwargs["save"], kwargs["load"], kwargs.get("package", ""), plugin,
+                               kwargs.get("describe"))
         if name in table:
             raise OneModelError(f"serializer {name!r} is registered twice ({table[name].plugin} "
                                 f"and {plugin})")

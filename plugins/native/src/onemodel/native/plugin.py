@@ -11,4 +11,4 @@ __version__ = "0.1.0"
 def onemodel_register_serializers(register) -> None:
     register("native", extensions=[".onemodel"], magic=b"ONEMODEL",
              save="onemodel.native.format:save", load="onemodel.native.format:load",
-             package="onemodel-native")
+             describe="onemodel.native.describe:describe", package="onemodel-native")

@@ -11,4 +11,9 @@ __version__ = "0.1.0"
 def onemodel_register_serializers(register) -> None:
     register("onnx", extensions=[".onnx"], magic=b"",
              save="onemodel.onnx.export:save", load="onemodel.onnx.importer:load",
-             package="onemodel-onnx")
+             describe="onemodel.onnx.cli:describe", package="onemodel-onnx")
+
+
+@hookimpl
+def onemodel_register_commands(register) -> None:
+    register("validate", "onemodel.onnx.cli:validate_command")
