@@ -8,6 +8,7 @@ import numpy as np
 
 from ..dtype import FLOATING, NUMERIC, DType
 from ..errors import DTypeError
+from . import _special
 from ._grad import unbroadcast
 from .base import TensorSpec, broadcast_shapes, defop, same_dtype
 
@@ -165,13 +166,10 @@ def tanh(X):
     return np.tanh(X)
 
 
-_erf_obj = np.frompyfunc(math.erf, 1, 1)
-
-
 @defop("Erf", shape=_unary_float,
        grad=lambda ctx, g: g * (ctx.inputs[0] * ctx.inputs[0] * -1).exp() * (2 / math.sqrt(math.pi)))
 def erf(X):
-    return _erf_obj(X).astype(X.dtype) if X.ndim else np.asarray(math.erf(X), X.dtype)
+    return _special.erf(X)
 
 
 # activations ---------------------------------------------------------------------------------
