@@ -35,7 +35,9 @@ DISTRIBUTIONS = [
     "packages/onemodel",
 ]
 # torch: the CPU build that lies on this machine's disk; never ask for another version.
-TEST_TOOLS = ["torch==2.13.0", "onnxruntime", "pytest>=8", "pytest-xdist>=3", "ruff>=0.6"]
+TEST_TOOLS = ["torch==2.13.0", "onnxruntime", "pytest>=8", "pytest-xdist>=3", "ruff>=0.6",
+              # the docs site, built with --strict by the tests
+              "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
 
 
 def python() -> str:
