@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -103,8 +103,12 @@ class Graph:
         return out
 
     def value_inputs(self) -> set[str]:
-        """Graph inputs whose values shape inference needs (they reach a static operand, such
-        as a Reshape target): a plan is made per value of these."""
+        """Graph inputs whose *values* set shapes (they reach a static operand, such as a Reshape
+        target): a plan is made per value of these, so no other input may be among them.
+
+        The walk back from each static operand stops at a node whose output value its shape
+        rule derives from the shapes of its inputs alone (``Shape``): such a node reads no
+        values, so the input behind it joins no plan key."""
         inputs = {v.name for v in self.inputs}
         producers = self.producers()
         wanted: list[str] = []
@@ -123,7 +127,7 @@ class Graph:
             seen.add(name)
             if name in inputs:
                 found.add(name)
-            elif name in producers:
+            elif name in producers and not reads_shapes_only(producers[name], specs):
                 wanted.extend(i for i in producers[name].inputs if i)
         return found
 
@@ -131,6 +135,9 @@ class Graph:
         taken = ({v.name for v in self.inputs} | set(self.initializers)
                  | {o for n in self.nodes for o in n.outputs})
         i = 0
+        if not wanted:
+            return set()
+        specs = self._specs_or_none()
         while f"{base}_{i}" in taken:
             i += 1
         return f"{base}_{i}"
@@ -143,6 +150,12 @@ class Graph:
         target fed at run time) is left unknown (``None``) instead of being an error; the session
         plans such graphs once it sees that input's value."""
         specs: dict[str, TensorSpec] = {}
+    def _specs_or_none(self) -> dict[str, TensorSpec | None]:
+        try:
+            return self.validate(allow_unknown=True)
+        except OneModelError:
+            return {}
+
         for v in self.inputs:
             if v.name in specs:
                 raise GraphError(f"input {v.name!r} is declared twice")
@@ -253,4 +266,28 @@ def small_value(arr: np.ndarray):
     flat = arr.reshape(-1)
     if arr.dtype.kind == "f" and not np.all(np.isfinite(flat) & (flat == np.round(flat))):
         return None
+_PROBE = TensorSpec(tuple(DimExpr.symbol(f"probe{i}") for i in range(4)), DType.F32)
+
+
+def reads_shapes_only(node: Node, specs: Mapping[str, TensorSpec | None]) -> bool:
+    """Whether ``node``'s outputs depend on the shapes of its inputs only, never their values:
+    its op's shape rule gives every output's value from input specs that carry no values."""
+    op = OPS.get(node.op)
+    if op is None or not node.inputs or not node.outputs:
+        return False
+    in_specs = []
+    for name in node.inputs:
+        spec = specs.get(name) if name else None
+        if name and spec is None:  # its shape is not known before planning: probe any shape
+            spec = _PROBE
+        in_specs.append(None if spec is None else replace(spec, value=None))
+    try:
+        outs = op.infer(in_specs, node.attrs)
+    except OneModelError:
+        return False
+    named = [o for o, name in zip(outs, node.outputs) if name]
+    return len(outs) >= len([o for o in node.outputs if o]) and all(
+        o.value is not None for o in named)
+
+
     return tuple(int(v) for v in flat)

@@ -5,6 +5,10 @@
 kernel per node from the registry, and lays values out in numbered slots. Liveness analysis
 releases each intermediate right after its last reader, so the allocator reuses its memory for
 later values. The result is a flat list of steps.
+
+What ``Plan.execute`` guarantees, whatever the kernels do: outputs are arrays the caller owns
+(none shares memory with an input, a constant of the plan, or another output), and any error a
+kernel raises ends as an :class:`ExecutionError` naming the node, its op and its input shapes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ _PLAN_CONST_MAX = 4096  # elements: what plan-time evaluation may produce
 
 
 @dataclass
+class ExecutionError(OneModelError):
+    """A kernel failed while a plan ran; the message names the node, its op and input shapes,
+    and the kernel's own exception is the ``__cause__``."""
+
+
 class Step:
     call: Any  # kernel, or functools.partial of it with the node's attributes
     gather: Any  # itemgetter of the input slots
@@ -37,34 +46,88 @@ class Step:
     release: tuple[int, ...]
     label: str
 
+    ins: tuple[int, ...] = ()
 
 @dataclass
 class Plan:
     template: list  # slot values before a run: None, initializers and plan-time constants
     inputs: list[tuple[str, int]]
-    outputs: list[tuple[str, int, bool]]  # (name, slot, copy: a constant the user must not alias)
+    outputs: list[tuple[str, int]]  # (name, slot)
     steps: list[Step]
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     bindings: dict[str, int] = field(default_factory=dict)
 
+    nbytes: int = 0  # memory this plan holds of its own (not the graph's initializers)
+    # ids of the memory behind the template's arrays: outputs on it are copied
+    const_roots: frozenset[int] = frozenset()
     def execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         vals = self.template.copy()
         for (_, slot), arr in zip(self.inputs, arrays):
             vals[slot] = arr
-        for step in self.steps:
-            if step.single_input:
-                out = step.call(step.gather(vals))
-            else:
-                out = step.call(*step.gather(vals))
-            outs = step.outs
-            if not step.multi:
-                vals[outs[0]] = out
-            else:
-                for slot, value in zip(outs, out):
-                    vals[slot] = value
-            for slot in step.release:
-                vals[slot] = None
-        return [vals[s].copy() if copy else vals[s] for _, s, copy in self.outputs]
+        step = None
+        try:
+            for step in self.steps:
+                if step.single_input:
+                    out = step.call(step.gather(vals))
+                else:
+                    out = step.call(*step.gather(vals))
+                outs = step.outs
+                if not step.multi:
+                    vals[outs[0]] = out
+                else:
+                    for slot, value in zip(outs, out):
+                        vals[slot] = value
+                for slot in step.release:
+                    vals[slot] = None
+        except Exception as exc:  # any kernel error: name the node (costs nothing until raised)
+            raise step_failure(step, vals, exc) from exc
+        return self._owned([vals[s] for _, s in self.outputs], arrays)
+
+    def _owned(self, results: list, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``results`` as arrays the caller owns: a result on the memory of an input, of a
+        constant, or of an earlier result (a view, or the array itself) is copied."""
+        taken = set(self.const_roots)
+        taken.update(id(memory_root(a)) for a in arrays)
+        owned = []
+        for value in results:
+            if not isinstance(value, np.ndarray):
+                value = np.array(value)  # a numpy scalar from a kernel: a new 0-d array
+            root = memory_root(value)
+            if root is None or id(root) in taken:
+                value = value.copy()
+                root = value
+            taken.add(id(root))
+            owned.append(value)
+        return owned
+
+
+def memory_root(a: np.ndarray) -> np.ndarray | None:
+    """The array that owns ``a``'s memory, or None when that is not a numpy array (a buffer,
+    a memory map) and so cannot be told apart from others."""
+    while a.base is not None:
+        if not isinstance(a.base, np.ndarray):
+            return None
+        a = a.base
+    return a
+
+
+def step_failure(step: Step | None, vals: list, exc: Exception) -> OneModelError:
+    """The error for a step whose kernel raised ``exc``."""
+    if step is None:
+        return ExecutionError(f"the plan failed before its first step: {exc}")
+    shapes = ", ".join(_describe(vals[i]) for i in step.ins)
+    reason = f"{type(exc).__name__}: {exc}" if not isinstance(exc, OneModelError) else str(exc)
+    return ExecutionError(f"{step.label} failed: {reason} (inputs: {shapes or 'none'})")
+
+
+def _describe(value) -> str:
+    if value is None:
+        return "None"
+    try:
+        dtype = DType.from_numpy(value.dtype).name
+    except (OneModelError, AttributeError):
+        dtype = str(getattr(value, "dtype", type(value).__name__))
+    return f"{dtype}[{', '.join(str(d) for d in np.shape(value))}]"
 
 
 def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
@@ -147,7 +210,11 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
             args = [consts.get(i) if i else None for i in n.inputs]
             if n.op == "Shape":
                 args = [np.empty(specs[n.inputs[0]].shape, np.int8)]
-            out = op.kernel(*args, **n.attrs)
+            try:
+                out = op.kernel(*args, **n.attrs)
+            except Exception as exc:  # a constant the kernel cannot take: name the node
+                raise GraphError(f"{n.label()}: evaluating it while planning failed: "
+                                 f"{type(exc).__name__}: {exc} (at {_bound(bindings)})") from exc
             outs = out if isinstance(out, tuple) else (out,)
             for name, value in zip(n.outputs, outs):
                 if name:
@@ -185,10 +252,14 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         gather = itemgetter(*ins) if ins else (lambda vals: ())
         multi = len(OPS[n.op].outputs) > 1 or OPS[n.op].outputs[0].endswith("...")
         steps.append(Step(call, gather, len(ins) == 1, multi, outs,
-                          tuple(release_at.get(k, ())), n.label()))
-    outputs = [(w, slot_of[w], w in consts) for w in wanted]
+                          tuple(release_at.get(k, ())), n.label(), ins))
+    outputs = [(w, slot_of[w]) for w in wanted]
+    own = sum(v.nbytes for k, v in consts.items() if k not in graph.initializers)
+    roots = frozenset(id(r) for r in (memory_root(v) for v in template
+                                      if isinstance(v, np.ndarray)) if r is not None)
     return Plan(template, [(v.name, slot_of[v.name]) for v in graph.inputs], outputs, steps,
-                {k: tuple(int(d) for d in s.shape) for k, s in specs.items()}, bindings)
+                {k: tuple(int(d) for d in s.shape) for k, s in specs.items()}, bindings,
+                own, roots)
 
 
 def _plan_time(n, consts, out_specs) -> bool:

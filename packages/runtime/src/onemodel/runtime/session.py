@@ -1,13 +1,13 @@
 """``Session``: run a graph (loaded from a file or given) for inference.
 
 The graph is optimized once; each new input-shape signature gets a plan (see planner.py), kept
-in a bounded cache. ``run`` is safe to call from several threads at once."""
+in a cache bounded by count and bytes (plancache.py). Only inputs whose values set shapes join a
+plan's key. ``run`` is safe to call from several threads at once; its outputs are new arrays that
+share no memory with the feeds, the session, or other runs."""
 
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -17,6 +17,7 @@ from onemodel.tensors import DimExpr, DType, OneModelError, Tensor, registry
 
 from .graph import Graph
 from .passes import PassManager
+from .plancache import CacheInfo, PlanCache
 from .planner import Plan, make_plan
 
 
@@ -30,9 +31,10 @@ class IOInfo:
 
 
 class Session:
-    """An inference session over one graph."""
+    """An inference session over one graph.
 
-    max_plans = 32
+    ``max_plans`` and ``max_plan_bytes`` bound the plan cache (least recently used plans go
+    first); a plan bigger than ``max_plan_bytes`` on its own runs but is not kept."""
 
     def __init__(self, graph: Graph, *, optimize: bool = True):
         graph.validate(allow_unknown=True)
@@ -42,12 +44,31 @@ class Session:
         if optimize:
             self.optimizations = PassManager(default_passes()).run(self.graph)
         self._inputs = {v.name: v for v in self.graph.inputs}
-        # inputs whose values shapes depend on: part of a plan's signature
-        self._value_inputs = [i for i, v in enumerate(self.graph.inputs)
-                              if v.name in self.graph.value_inputs()]
+        # inputs whose values set shapes: part of a plan's signature
+        value_inputs = self.graph.value_inputs()
+        self._value_inputs = [i for i, v in enumerate(self.graph.inputs) if v.name in value_inputs]
         self._output_names = [v.name for v in self.graph.outputs]
-        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
-        self._lock = threading.Lock()
+        self._plans = PlanCache()
+
+    @property
+    def max_plans(self) -> int:
+        return self._plans.max_plans
+
+    @max_plans.setter
+    def max_plans(self, value: int) -> None:
+        self._plans.max_plans = int(value)
+
+    @property
+    def max_plan_bytes(self) -> int:
+        return self._plans.max_bytes
+
+    @max_plan_bytes.setter
+    def max_plan_bytes(self, value: int) -> None:
+        self._plans.max_bytes = int(value)
+
+    def cache_info(self) -> CacheInfo:
+        """Plan-cache counters: hits, plans built, evictions, plans and bytes held, bounds."""
+        return self._plans.info()
 
     @classmethod
     def load(cls, path_or_graph: str | os.PathLike | Graph, *, optimize: bool = True) -> Session:
@@ -75,19 +96,24 @@ class Session:
         key = (tuple(a.shape for a in arrays), wanted)
         if self._value_inputs:
             key += tuple(arrays[i].tobytes() for i in self._value_inputs)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plan(key, arrays, wanted)
+        plan = self._plans.get_or_build(key, self._make_plan, arrays, wanted)
         results = plan.execute(arrays)
-        return {name: Tensor._wrap(np.asarray(r)) for name, r in zip(wanted, results)}
+        return {name: Tensor._wrap(r) for name, r in zip(wanted, results)}
 
     def plan_for(self, shapes: Mapping[str, Sequence[int]],
                  outputs: Sequence[str] | None = None) -> Plan:
-        """The plan for these input shapes (made now if needed): for inspection and reports."""
+        """The plan for these input shapes (made now if needed): for inspection and reports.
+
+        Graphs whose plans depend on the values of inputs (a Reshape target fed at run time)
+        have no plan per shape; run them instead."""
+        if self._value_inputs:
+            names = ", ".join(repr(self.graph.inputs[i].name) for i in self._value_inputs)
+            raise OneModelError(f"this graph's plans depend on the values of input {names}, "
+                                "not only on shapes; call run() with those values instead")
         arrays = [np.empty(tuple(shapes[v.name]), v.dtype.numpy) for v in self.graph.inputs]
         wanted = tuple(self._output_names if outputs is None else outputs)
         key = (tuple(a.shape for a in arrays), wanted)
-        return self._plans.get(key) or self._plan(key, arrays, wanted)
+        return self._plans.get_or_build(key, self._make_plan, arrays, wanted)
 
     # ------------------------------------------------------------------------------------------
     def _check_feeds(self, feeds: Mapping[str, Tensor | np.ndarray]) -> list[np.ndarray]:
@@ -117,22 +143,15 @@ class Session:
             arrays.append(arr)
         return arrays
 
-    def _plan(self, key, arrays, wanted) -> Plan:
+    def _make_plan(self, arrays, wanted) -> Plan:
         missing = [w for w in wanted if w not in self._output_names]
         if missing:
             raise OneModelError(f"unknown output {missing[0]!r}; this graph's outputs are "
                                 + ", ".join(repr(o) for o in self._output_names))
-        with self._lock:
-            plan = self._plans.get(key)
-            if plan is None:
-                shapes = {v.name: a.shape for v, a in zip(self.graph.inputs, arrays)}
-                values = {self.graph.inputs[i].name: np.array(arrays[i], copy=True)
-                          for i in self._value_inputs}
-                plan = make_plan(self.graph, shapes, wanted, values)
-                self._plans[key] = plan
-                while len(self._plans) > self.max_plans:
-                    self._plans.popitem(last=False)
-            return plan
+        shapes = {v.name: a.shape for v, a in zip(self.graph.inputs, arrays)}
+        values = {self.graph.inputs[i].name: np.array(arrays[i], copy=True)
+                  for i in self._value_inputs}
+        return make_plan(self.graph, shapes, wanted, values)
 
 
 _KNOWN = {d.numpy for d in DType}

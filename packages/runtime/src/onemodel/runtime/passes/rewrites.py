@@ -53,6 +53,9 @@ class BatchNormFolding(Pass):
                     continue
                 if producer.attrs.get("alpha", 1.0) != 1.0:
                     continue
+                if w.ndim != 2 or w.shape[0 if producer.attrs.get("transB", 0) else 1] != len(
+                        factor):
+                    continue  # mis-shaped BN parameters: validation names the node
                 w_new = w * factor if not producer.attrs.get("transB", 0) else w * factor[:, None]
             if b is not None and b.size not in (1, len(factor)):
                 continue

@@ -110,7 +110,7 @@ def _im2col_last(xp, k, s, d, out_sp):
     lead = (slice(None),) * (1 + nd)
     for kidx, sl in _positions(k, s, d, out_sp):
         cols[lead + kidx] = xp[(slice(None), *sl)]
-    return cols.reshape(n * math.prod(out_sp), -1)
+    return cols.reshape(n * math.prod(out_sp), math.prod(k) * c)  # no -1: n may be 0
 
 
 def _col2im_last(dcols, padded_shape, k, s, d, out_sp):
@@ -124,7 +124,7 @@ def _col2im_last(dcols, padded_shape, k, s, d, out_sp):
 
 def _weight_matrix(W):
     """(M, C, *k) -> (M, K * C), matching the column order of :func:`_im2col_last`."""
-    return np.moveaxis(W, 1, -1).reshape(W.shape[0], -1)
+    return np.moveaxis(W, 1, -1).reshape(W.shape[0], math.prod(W.shape[1:]))
 
 
 # convolution -------------------------------------------------------------------------------
@@ -158,6 +158,12 @@ def _conv_shape(specs, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         raise ShapeError(
             f"input has {x.shape[1]} channels but W expects {w.shape[1]} x group {group}"
         )
+    b = specs[2] if len(specs) > 2 else None
+    if b is not None and (len(b.shape) != 1 or (isinstance(b.shape[0], int)
+                                                and isinstance(w.shape[0], int)
+                                                and b.shape[0] != w.shape[0])):
+        raise ShapeError(f"B has shape {list(b.shape)}; it must be [{w.shape[0]}], one bias per "
+                         "output channel")
     out = []
     s = strides or (1,) * nd
     d = dilations or (1,) * nd
@@ -198,7 +204,7 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
             y += B
         return np.ascontiguousarray(np.moveaxis(y.reshape(n, *out_sp, m), -1, 1))
     cols, _ = _im2col(X, k, s, pb, pe, d, out_sp, group)
-    w = W.reshape(group, m // group, -1)
+    w = W.reshape(group, m // group, math.prod(W.shape[1:]))
     y = np.matmul(w, cols).reshape(n, m, *out_sp)
     if B is not None:
         y += B.reshape((1, m) + (1,) * nd)
@@ -228,8 +234,8 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
         inner = (slice(None),) + tuple(slice(b, p - e) for b, e, p in zip(pb, pe, padded))
         return np.ascontiguousarray(np.moveaxis(dxp[inner], -1, 1))
     g = group
-    dy = dY.reshape(n, g, m // g, -1)
-    w = W.reshape(g, m // g, -1)
+    dy = dY.reshape(n, g, m // g, math.prod(out_sp))
+    w = W.reshape(g, m // g, math.prod(W.shape[1:]))
     dcols = np.matmul(w.transpose(0, 2, 1), dy).reshape(n, c, *k, *out_sp)  # N, G, Cg*K, L
     dX = _crop(_col2im(dcols, (n, c, *padded), k, s, d, out_sp), pb, pe)
     return np.ascontiguousarray(dX)
@@ -250,10 +256,10 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
         return np.ascontiguousarray(np.moveaxis(dw, -1, 1))
     g = group
     cols, _ = _im2col(X, k, s, pb, pe, d, out_sp, g)
-    dy = dY.reshape(n, g, m // g, -1)
-    length = dy.shape[-1]
+    length = math.prod(out_sp)
+    dy = dY.reshape(n, g, m // g, length)
     dy_t = dy.transpose(1, 2, 0, 3).reshape(g, m // g, n * length)
-    cols_t = cols.transpose(1, 0, 3, 2).reshape(g, n * length, -1)
+    cols_t = cols.transpose(1, 0, 3, 2).reshape(g, n * length, cols.shape[2])
     return np.matmul(dy_t, cols_t).reshape(W.shape)
 
 
@@ -327,8 +333,8 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
     n, cin = X.shape[:2]
     g = group
     mg = W.shape[1]
-    x = X.reshape(n, g, cin // g, -1)
-    w = W.reshape(g, cin // g, -1)
+    x = X.reshape(n, g, cin // g, math.prod(X.shape[2:]))
+    w = W.reshape(g, cin // g, math.prod(W.shape[1:]))
     cols = np.matmul(w.transpose(0, 2, 1), x).reshape(n, g * mg, *k, *X.shape[2:])
     y = _col2im(cols, (n, g * mg, *full), k, s, d, X.shape[2:])
     if any(p < 0 for p in pb + pe):  # an output_shape larger than the kernel reaches: zeros
@@ -495,12 +501,24 @@ def global_max_pool(X):
 
 # normalization -----------------------------------------------------------------------------
 
+_BN_PARAMS = ("scale", "B", "input_mean", "input_var")
+
+
 def _bn_shape(specs, *, epsilon=1e-5, momentum=0.9, training_mode=0):
     x = specs[0]
     dt = same_dtype(specs[:1], FLOATING)
     if training_mode:
         raise ShapeError("BatchNormalization with training_mode=1 is not supported; the "
                          "training package computes batch statistics with other ops")
+    if len(x.shape) < 2:
+        raise ShapeError(f"BatchNormalization needs an input (N, C, ...), got rank {len(x.shape)}")
+    c = x.shape[1]
+    for name, p in zip(_BN_PARAMS, specs[1:]):
+        ok = len(p.shape) == 1 and not (isinstance(c, int) and isinstance(p.shape[0], int)
+                                        and p.shape[0] != c)
+        if not ok:
+            raise ShapeError(f"{name} has shape {list(p.shape)}, but the input has {c} channels; "
+                             f"scale, B, input_mean and input_var must each be [{c}]")
     return TensorSpec(x.shape, dt)
 
 
@@ -638,6 +656,8 @@ def _softmax_grad(ctx, g):
 
 @defop("Softmax", shape=_softmax_shape, grad=_softmax_grad)
 def softmax(input, *, axis=-1):
+    if input.size == 0:  # max over an empty axis has no identity; the result is empty too
+        return np.empty_like(input)
     e = np.exp(input - input.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
 
@@ -649,6 +669,8 @@ def _log_softmax_grad(ctx, g):
 
 @defop("LogSoftmax", shape=_softmax_shape, grad=_log_softmax_grad)
 def log_softmax(input, *, axis=-1):
+    if input.size == 0:
+        return np.empty_like(input)
     shifted = input - input.max(axis=axis, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
 

@@ -1,0 +1,152 @@
+"""Serving: whatever a kernel raises while a plan runs ends as a OneModelError that names the
+node, its op and its input shapes; mis-shaped BatchNorm parameters are refused, naming the node,
+before any pass or kernel uses them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from runtime_graphs import f32
+
+from onemodel.runtime import GraphBuilder, Node, Session, ValueInfo
+from onemodel.runtime.passes import PassManager
+from onemodel.runtime.session import default_passes
+from onemodel.tensors import DType, OneModelError
+
+RNG = np.random.default_rng(0)
+
+
+def _nll_out_of_range():
+    b = GraphBuilder()
+    x = b.input("scores", DType.F32, ("n", 3))
+    t = b.input("target", DType.I64, ("n",))
+    b.output(b.op("NegativeLogLikelihoodLoss", x, t, name="nll"), "loss")
+    feeds = {"scores": np.zeros((2, 3), np.float32), "target": np.array([1, 5])}
+    return b.build(), feeds, r"node nll \(NegativeLogLikelihoodLoss\) failed: IndexError: .*" \
+                            r"\(inputs: F32\[2, 3\], I64\[2\]\)"
+
+
+def _sce_out_of_range():
+    b = GraphBuilder()
+    x = b.input("scores", DType.F32, ("n", 3))
+    t = b.input("target", DType.I64, ("n",))
+    b.output(b.op("SoftmaxCrossEntropyLoss", x, t, name="sce"), "loss")
+    feeds = {"scores": np.zeros((2, 3), np.float32), "target": np.array([-7, 0])}
+    return b.build(), feeds, r"node sce \(SoftmaxCrossEntropyLoss\) failed: IndexError"
+
+
+def _ctc_too_long():
+    b = GraphBuilder()
+    lp = b.input("log_probs", DType.F32, (4, 1, 3))
+    t = b.input("targets", DType.I64, (1, 2))
+    il = b.input("input_lengths", DType.I64, (1,))
+    tl = b.input("target_lengths", DType.I64, (1,))
+    b.output(b.op("CTCLoss", lp, t, il, tl, name="ctc"), "loss")
+    feeds = {"log_probs": np.full((4, 1, 3), -1.1, np.float32), "targets": np.array([[1, 9]]),
+             "input_lengths": np.array([4]), "target_lengths": np.array([2])}
+    return b.build(), feeds, r"node ctc \(CTCLoss\) failed: IndexError"
+
+
+def _layer_norm_scale():
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("n", 6))
+    s = b.input("scale", DType.F32, ("k",))
+    b.output(b.op("LayerNormalization", x, s, name="ln"), "y")
+    feeds = {"x": np.ones((2, 6), np.float32), "scale": np.ones(4, np.float32)}
+    return b.build(), feeds, r"node ln \(LayerNormalization\) failed: ValueError: .*broadcast.*" \
+                            r"\(inputs: F32\[2, 6\], F32\[4\]\)"
+
+
+def _conv_bias_fed():
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("n", 2, 5, 5))
+    bias = b.input("bias", DType.F32, ("m",))
+    b.output(b.op("Conv", x, b.initializer("w", f32(RNG, 3, 2, 3, 3)), bias, name="conv"), "y")
+    feeds = {"x": np.ones((1, 2, 5, 5), np.float32), "bias": np.ones(5, np.float32)}
+    return b.build(), feeds, r"node conv \(Conv\): .*B has shape \[5\]; it must be \[3\]"
+
+
+def _gather_out_of_range():
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("n", 4))
+    i = b.input("i", DType.I64, ("k",))
+    b.output(b.op("Gather", x, i, axis=1, name="pick"), "y")
+    feeds = {"x": np.ones((2, 4), np.float32), "i": np.array([0, 11])}
+    return b.build(), feeds, r"node pick \(Gather\) failed: IndexError"
+
+
+CASES = {f.__name__[1:]: f for f in (_nll_out_of_range, _sce_out_of_range, _ctc_too_long,
+                                     _layer_norm_scale, _gather_out_of_range)}
+
+
+@pytest.mark.parametrize("optimize", [True, False], ids=["optimized", "plain"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_failures_name_the_node(case, optimize):
+    graph, feeds, message = CASES[case]()
+    s = Session(graph, optimize=optimize)
+    with pytest.raises(OneModelError, match=message) as info:
+        s.run(feeds)
+    assert info.value.__cause__ is not None  # the kernel's own error stays attached
+    # the session still serves good requests afterwards
+    good = {k: np.zeros_like(v) if v.dtype.kind == "i" else v for k, v in feeds.items()}
+    if case == "layer_norm_scale":
+        good["scale"] = np.ones(6, np.float32)
+    elif case == "ctc_too_long":
+        good["targets"] = np.array([[1, 2]])
+        good["input_lengths"] = np.array([4])
+        good["target_lengths"] = np.array([2])
+    s.run(good)
+
+
+@pytest.mark.parametrize("optimize", [True, False], ids=["optimized", "plain"])
+def test_a_fed_conv_bias_of_the_wrong_length_is_refused_when_planning(optimize):
+    graph, feeds, message = _conv_bias_fed()
+    s = Session(graph, optimize=optimize)
+    with pytest.raises(OneModelError, match=message):
+        s.run(feeds)
+    feeds["bias"] = np.ones(3, np.float32)
+    assert s.run(feeds)["y"].shape == (1, 3, 3, 3)
+
+
+def _conv_bn(param_len=5, channels=4):
+    b = GraphBuilder()
+    x = b.input("input", DType.F32, ("batch", 3, 8, 8))
+    h = b.op("Conv", x, b.initializer("w", f32(RNG, channels, 3, 3, 3)))
+    params = [b.initializer(n, np.ones(param_len, np.float32)) for n in ("s", "b", "m", "v")]
+    h = b.op("BatchNormalization", h, *params, name="bn")
+    b.graph.nodes.append(Node("Relu", [h], ["output"], {}, "relu"))
+    b.graph.outputs.append(ValueInfo("output", DType.F32, ("batch", channels, 6, 6)))
+    return b.graph
+
+
+@pytest.mark.parametrize("optimize", [True, False], ids=["optimized", "plain"])
+def test_mis_shaped_batchnorm_parameters_name_the_node(optimize):
+    with pytest.raises(OneModelError, match=r"node bn \(BatchNormalization\): .*scale has shape "
+                                            r"\[5\], but the input has 4 channels"):
+        Session(_conv_bn(), optimize=optimize)
+
+
+def test_batchnorm_folding_leaves_mis_shaped_parameters_to_the_validator():
+    graph = _conv_bn()
+    with pytest.raises(OneModelError, match=r"node bn \(BatchNormalization\)"):
+        PassManager(default_passes()).run(graph)
+    assert any(n.op == "BatchNormalization" for n in graph.nodes)  # not folded
+
+
+def test_matching_batchnorm_parameters_still_fold():
+    assert Session(_conv_bn(4)).optimizations["batchnorm-folding"] == 1
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_mis_shaped_batchnorm_after_gemm_names_the_node(trans_b):
+    b = GraphBuilder()
+    x = b.input("input", DType.F32, ("batch", 6))
+    w = f32(RNG, 4, 6) if trans_b else f32(RNG, 6, 4)
+    h = b.op("Gemm", x, b.initializer("w", w), b.initializer("c", np.zeros(4, np.float32)),
+             transB=trans_b)
+    params = [b.initializer(n, np.ones(5, np.float32)) for n in ("s", "b", "m", "v")]
+    h = b.op("BatchNormalization", h, *params, name="bn")
+    b.graph.nodes.append(Node("Relu", [h], ["output"], {}, "relu"))
+    b.graph.outputs.append(ValueInfo("output", DType.F32, ("batch", 4)))
+    with pytest.raises(OneModelError, match=r"node bn \(BatchNormalization\): .*scale has shape"):
+        PassManager(default_passes()).run(b.graph)
