@@ -119,6 +119,9 @@ class Graph:
             for pos, name in enumerate(n.inputs):
                 if name and pos < len(op.inputs) and op.inputs[pos] in op.static_inputs:
                     wanted.append(name)
+        if not wanted:
+            return set()
+        specs = self._specs_or_none()
         found, seen = set(), set()
         while wanted:
             name = wanted.pop()
@@ -131,13 +134,16 @@ class Graph:
                 wanted.extend(i for i in producers[name].inputs if i)
         return found
 
+    def _specs_or_none(self) -> dict[str, TensorSpec | None]:
+        try:
+            return self.validate(allow_unknown=True)
+        except OneModelError:
+            return {}
+
     def fresh_name(self, base: str) -> str:
         taken = ({v.name for v in self.inputs} | set(self.initializers)
                  | {o for n in self.nodes for o in n.outputs})
         i = 0
-        if not wanted:
-            return set()
-        specs = self._specs_or_none()
         while f"{base}_{i}" in taken:
             i += 1
         return f"{base}_{i}"
@@ -150,12 +156,6 @@ class Graph:
         target fed at run time) is left unknown (``None``) instead of being an error; the session
         plans such graphs once it sees that input's value."""
         specs: dict[str, TensorSpec] = {}
-    def _specs_or_none(self) -> dict[str, TensorSpec | None]:
-        try:
-            return self.validate(allow_unknown=True)
-        except OneModelError:
-            return {}
-
         for v in self.inputs:
             if v.name in specs:
                 raise GraphError(f"input {v.name!r} is declared twice")
@@ -247,25 +247,6 @@ class Graph:
         return "\n".join(lines)
 
 
-def _attr_ok(v) -> bool:
-    if isinstance(v, _ATTR_TYPES):
-        return True
-    return isinstance(v, (tuple, list)) and all(isinstance(x, (int, float, str)) for x in v)
-
-
-def _attr_text(v) -> str:
-    if isinstance(v, DType):
-        return v.name
-    return repr(tuple(v)) if isinstance(v, list) else repr(v)
-
-
-def small_value(arr: np.ndarray):
-    """The value of a small constant that shape rules may read (integers; integral floats)."""
-    if arr.ndim > 1 or arr.size > 64 or arr.dtype.kind not in "iuf":
-        return None
-    flat = arr.reshape(-1)
-    if arr.dtype.kind == "f" and not np.all(np.isfinite(flat) & (flat == np.round(flat))):
-        return None
 _PROBE = TensorSpec(tuple(DimExpr.symbol(f"probe{i}") for i in range(4)), DType.F32)
 
 
@@ -290,4 +271,23 @@ def reads_shapes_only(node: Node, specs: Mapping[str, TensorSpec | None]) -> boo
         o.value is not None for o in named)
 
 
+def _attr_ok(v) -> bool:
+    if isinstance(v, _ATTR_TYPES):
+        return True
+    return isinstance(v, (tuple, list)) and all(isinstance(x, (int, float, str)) for x in v)
+
+
+def _attr_text(v) -> str:
+    if isinstance(v, DType):
+        return v.name
+    return repr(tuple(v)) if isinstance(v, list) else repr(v)
+
+
+def small_value(arr: np.ndarray):
+    """The value of a small constant that shape rules may read (integers; integral floats)."""
+    if arr.ndim > 1 or arr.size > 64 or arr.dtype.kind not in "iuf":
+        return None
+    flat = arr.reshape(-1)
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(flat) & (flat == np.round(flat))):
+        return None
     return tuple(int(v) for v in flat)

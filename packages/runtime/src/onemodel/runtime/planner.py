@@ -31,12 +31,12 @@ DEVICE = "cpu"
 _PLAN_CONST_MAX = 4096  # elements: what plan-time evaluation may produce
 
 
-@dataclass
 class ExecutionError(OneModelError):
     """A kernel failed while a plan ran; the message names the node, its op and input shapes,
     and the kernel's own exception is the ``__cause__``."""
 
 
+@dataclass
 class Step:
     call: Any  # kernel, or functools.partial of it with the node's attributes
     gather: Any  # itemgetter of the input slots
@@ -45,8 +45,8 @@ class Step:
     outs: tuple[int, ...]
     release: tuple[int, ...]
     label: str
-
     ins: tuple[int, ...] = ()
+
 
 @dataclass
 class Plan:
@@ -56,10 +56,10 @@ class Plan:
     steps: list[Step]
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     bindings: dict[str, int] = field(default_factory=dict)
-
     nbytes: int = 0  # memory this plan holds of its own (not the graph's initializers)
     # ids of the memory behind the template's arrays: outputs on it are copied
     const_roots: frozenset[int] = frozenset()
+
     def execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         vals = self.template.copy()
         for (_, slot), arr in zip(self.inputs, arrays):
