@@ -1,0 +1,150 @@
+"""Convolution (2-D, float32/float64): columns built by numba straight from the NCHW input
+(padding and dilation on the fly, no transposes), one BLAS GEMM per image (per group) writing
+the NCHW output in place, then bias and activation in one pass. 1x1 stride-1 convolutions skip
+the columns: the input already is the GEMM operand. Depthwise convolutions, where a GEMM has
+nothing to chew on, are a direct numba loop."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from numba import prange
+from onemodel.tensors.ops.nn import _geometry
+
+from ._jit import jit, sync_threads
+
+ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3}
+_NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
+
+
+@jit(parallel=True)
+def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols):
+    """cols[(c, i, j), (y, x)] = x[c, y*sh - ph + i*dh, x*sw - pw + j*dw] (0 outside)."""
+    c_in, h, w = x.shape
+    kk = kh * kw
+    for r in prange(c_in * kk):
+        c = r // kk
+        i = (r % kk) // kw
+        j = r % kw
+        for y in range(oh):
+            iy = y * sh - ph + i * dh
+            base = y * ow
+            if iy < 0 or iy >= h:
+                for xo in range(ow):
+                    cols[r, base + xo] = 0
+                continue
+            for xo in range(ow):
+                ix = xo * sw - pw + j * dw
+                if 0 <= ix < w:
+                    cols[r, base + xo] = x[c, iy, ix]
+                else:
+                    cols[r, base + xo] = 0
+
+
+@jit(parallel=True)
+def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, out):
+    """out[n, m] = sum_ij x[n, m // mult, ...] * wt[m, 0, i, j]: one input channel per group."""
+    n_img, m_out, oh, ow = out.shape
+    h, w = x.shape[2], x.shape[3]
+    kh, kw = wt.shape[2], wt.shape[3]
+    for t in prange(n_img * m_out):
+        n = t // m_out
+        m = t % m_out
+        src = x[n, m // mult]
+        dst = out[n, m]
+        dst[:, :] = 0
+        for j in range(kw):
+            off = j * dw - pw
+            # the output columns whose input column lies inside the image
+            lo = 0
+            while lo < ow and lo * sw + off < 0:
+                lo += 1
+            hi = ow
+            while hi > lo and (hi - 1) * sw + off >= w:
+                hi -= 1
+            for i in range(kh):
+                wv = wt[m, 0, i, j]
+                for y in range(oh):
+                    iy = y * sh - ph + i * dh
+                    if iy < 0 or iy >= h:
+                        continue
+                    srow = src[iy]
+                    drow = dst[y]
+                    if sw == 1:
+                        for xo in range(lo, hi):
+                            drow[xo] += wv * srow[xo + off]
+                    else:
+                        for xo in range(lo, hi):
+                            drow[xo] += wv * srow[xo * sw + off]
+
+
+@jit(parallel=True)
+def _epilogue(y, bias, has_bias, act):
+    """y[n, m, :] = act(y + bias[m]) in place; act: 0 none, 1 Relu, 2 Sigmoid, 3 Tanh."""
+    n_img, m_out, length = y.shape
+    for t in prange(n_img * m_out):
+        n = t // m_out
+        m = t % m_out
+        b = bias[m] if has_bias else 0
+        row = y[n, m]
+        for k in range(length):
+            v = row[k] + b
+            if act == 1:
+                v = v if v > 0 else 0
+            elif act == 2:
+                if v >= 0:
+                    v = 1 / (1 + np.exp(-v))
+                else:
+                    e = np.exp(v)
+                    v = e / (1 + e)
+            elif act == 3:
+                v = np.tanh(v)
+            row[k] = v
+
+
+def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+         pads=None, strides=None):
+    """ONNX Conv for 2-D float inputs (see :func:`onemodel.numba.support.conv`)."""
+    return _conv(X, W, B, "", auto_pad, dilations, group, kernel_shape, pads, strides)
+
+
+def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=None, group=1,
+               kernel_shape=None, pads=None, strides=None):
+    """Conv followed by Relu, Sigmoid or Tanh, applied in the same pass as the bias."""
+    return _conv(X, W, B, activation, auto_pad, dilations, group, kernel_shape, pads, strides)
+
+
+def _conv(X, W, B, activation, auto_pad, dilations, group, kernel_shape, pads, strides):
+    sync_threads()
+    X = np.ascontiguousarray(X)
+    W = np.ascontiguousarray(W, dtype=X.dtype)
+    k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
+    s, pb, _, d, out_sp, _ = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad)
+    n, c = X.shape[:2]
+    m = W.shape[0]
+    oh, ow = out_sp
+    length = oh * ow
+    y = np.empty((n, m, oh, ow), X.dtype)
+    cg = c // group
+    if group > 1 and cg == 1:
+        _depthwise(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], y)
+    else:
+        mg = m // group
+        w3 = W.reshape(group, mg, -1)
+        y3 = y.reshape(n, group, mg, length)
+        direct = k == (1, 1) and s == (1, 1) and pb == (0, 0) and (oh, ow) == X.shape[2:]
+        if direct:
+            x4 = X.reshape(n, group, cg, length)
+            for i in range(n):
+                np.matmul(w3, x4[i], out=y3[i])
+        else:
+            cols = np.empty((c * k[0] * k[1], length), X.dtype)
+            cols3 = cols.reshape(group, cg * k[0] * k[1], length)
+            for i in range(n):
+                _im2col(X[i], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh, ow, cols)
+                np.matmul(w3, cols3, out=y3[i])
+    act = ACT_CODES[activation]
+    if B is not None or act:
+        bias = np.ascontiguousarray(B, dtype=X.dtype) if B is not None else _NO_BIAS[X.dtype]
+        _epilogue(y.reshape(n, m, length), bias, B is not None, act)
+    return y

@@ -1,0 +1,24 @@
+"""``supports`` checks of the numba kernels: cheap, numba-free, and true only for calls the
+kernel computes exactly like the reference kernel. Planning calls them with zero-strided
+stand-ins of the planned shapes, so they look at dtypes, ranks and attributes only."""
+
+from __future__ import annotations
+
+import numpy as np
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _float(*arrays) -> bool:
+    dt = arrays[0].dtype
+    return dt in _FLOATS and all(a is None or a.dtype == dt for a in arrays)
+
+
+def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+         pads=None, strides=None, activation=""):
+    """2-D convolutions of float32/float64 with matching weight and bias dtypes."""
+    if X.ndim != 4 or W.ndim != 4 or not _float(X, W, B):
+        return False
+    if kernel_shape and tuple(kernel_shape) != tuple(W.shape[2:]):
+        return False
+    return activation in ("", "Relu", "Sigmoid", "Tanh") and X.shape[1] == W.shape[1] * group
