@@ -48,6 +48,20 @@ class Node:
         return f"node {self.name or '?'} ({self.op})"
 
 
+@dataclass(frozen=True)
+class Guard:
+    """A condition on symbolic sizes that a Python decision assumed while tracing (``batch > 2``):
+    the graph is valid only where it holds. ``axis`` names the symbols, ``location`` the user's
+    ``file:line``. The Session checks guards when it plans (:mod:`onemodel.runtime.guards`)."""
+
+    condition: str
+    axis: str
+    location: str = "<unknown>"
+
+    def __str__(self) -> str:
+        return f"guard  {self.condition}  (axis {self.axis}, decided at {self.location})"
+
+
 _ATTR_TYPES = (int, float, str, bool, DType, type(None))
 
 
@@ -63,12 +77,14 @@ class Graph:
         self.nodes = list(nodes)
         self.initializers: dict[str, np.ndarray] = dict(initializers or {})
         self.metadata: dict[str, str] = dict(metadata or {})
+        self.guards: list[Guard] = []  # conditions on symbolic sizes the graph is valid under
 
     def copy(self) -> Graph:
         g = Graph(copy.deepcopy(self.inputs), copy.deepcopy(self.outputs),
                   [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name)
                    for n in self.nodes],
                   dict(self.initializers), dict(self.metadata), self.name)
+        g.guards = list(self.guards)
         return g
 
     # queries ---------------------------------------------------------------------------------
@@ -244,6 +260,7 @@ class Graph:
             attrs = ", ".join(f"{k}={_attr_text(v)}" for k, v in n.attrs.items())
             lines.append(f"  {outs} = {n.op}({', '.join(i or '_' for i in n.inputs)})"
                          + (f"  [{attrs}]" if attrs else ""))
+        lines += [f"  {g}" for g in self.guards]
         return "\n".join(lines)
 
 

@@ -26,6 +26,7 @@ from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec, registry
 from onemodel.tensors.ops import OPS
 
 from .graph import Graph, GraphError, small_value
+from .guards import check_guards
 
 DEVICE = "cpu"
 _PLAN_CONST_MAX = 4096  # elements: what plan-time evaluation may produce
@@ -174,6 +175,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     """The plan for these input shapes; ``values`` holds the inputs whose values shapes depend
     on (``Graph.value_inputs``): they are constants of this plan."""
     bindings = bind_symbols(graph, shapes)
+    check_guards(graph, bindings)
     slot_of: dict[str, int] = {"": 0}  # slot 0: an omitted input; slot 1: unnamed outputs
     template: list = [None, None]
 

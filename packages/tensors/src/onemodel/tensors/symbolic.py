@@ -1,14 +1,24 @@
 """Symbolic dimensions: shape rules accept them so one graph serves every size of a named axis.
 
-A dim is an ``int`` or a :class:`DimExpr`: a named symbol, or ``+``, ``*`` and floor division of
-dims. Expressions fold constants and have a canonical text, so two equal expressions compare equal.
+A dim is an ``int`` or a :class:`DimExpr`: a named symbol, or ``+``, ``*``, floor division and
+``%`` of dims. Expressions fold constants and have a canonical text, so two equal expressions
+compare equal.
+
+While a trace runs, ``tensor.shape`` holds :class:`SymInt` for symbolic axes. A comparison of one
+made in user code gives a :class:`SymBool`; when Python asks for its truth (``if``, ``while``,
+``and``), the tracer decides whether the outcome becomes a guard on the graph or an error, so a
+decision on a size is never frozen silently.
 """
 
 from __future__ import annotations
 
+import operator
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Union
 
+from . import trace_state
 from .errors import ShapeError
 
 Dim = Union[int, "DimExpr"]
@@ -21,12 +31,12 @@ class DimExpr:
     __slots__ = ("args", "kind", "text")
 
     def __init__(self, kind: str, args: tuple):
-        self.kind = kind  # "sym", "+", "*", "//"
+        self.kind = kind  # "sym", "+", "*", "//", "%"
         self.args = args
         if kind == "sym":
             self.text = args[0]
-        elif kind == "//":
-            self.text = f"({_text(args[0])} // {_text(args[1])})"
+        elif kind in ("//", "%"):
+            self.text = f"({_text(args[0])} {kind} {_text(args[1])})"
         else:
             self.text = "(" + f" {kind} ".join(sorted(_text(a) for a in args)) + ")"
 
@@ -52,6 +62,12 @@ class DimExpr:
 
     def __rfloordiv__(self, other: Dim) -> Dim:
         return floordiv(other, self)
+
+    def __mod__(self, other: Dim) -> Dim:
+        return mod(self, other)
+
+    def __rmod__(self, other: Dim) -> Dim:
+        return mod(other, self)
 
     def __sub__(self, other: Dim) -> Dim:
         return add(self, mul(other, -1))
@@ -97,6 +113,8 @@ class DimExpr:
             for v in vals:
                 out *= v
             return out
+        if self.kind == "%":
+            return vals[0] % vals[1]
         return vals[0] // vals[1]
 
 
@@ -187,6 +205,19 @@ def floordiv(a: Dim, b: Dim) -> Dim:
     return DimExpr("//", (a, b))
 
 
+def mod(a: Dim, b: Dim) -> Dim:
+    """Python's ``%`` (the sign of the divisor), folded when both are ints or ``b`` divides every
+    term of ``a``: (4 * s) % 2 -> 0."""
+    if not isinstance(a, DimExpr) and not isinstance(b, DimExpr):
+        return int(a) % int(b)
+    if not isinstance(b, DimExpr) and int(b) in (1, -1):
+        return 0
+    if not isinstance(b, DimExpr) and all(_const_product(_terms(t, "*")) % int(b) == 0
+                                          for t in _terms(a, "+")):
+        return 0
+    return DimExpr("%", (a, b))
+
+
 def _const_product(terms: list) -> int:
     out = 1
     for x in terms:
@@ -219,9 +250,10 @@ def numel(shape: Sequence[Dim]) -> Dim:
 class SymInt(int):
     """An int that remembers a symbolic dimension: ``tensor.shape[0]`` while tracing.
 
-    It behaves as its example value (comparisons and branches see that number), and its arithmetic
-    with ints and other SymInts is recorded in ``expr``, so ``x.shape[0] * 2`` stays symbolic when
-    it reaches a shape argument such as ``reshape``."""
+    Its value is the example size, and its arithmetic with ints and other SymInts is recorded in
+    ``expr``, so ``x.shape[0] * 2`` stays symbolic when it reaches a shape argument such as
+    ``reshape``. Comparisons made in user code give a :class:`SymBool`, whose truth the tracer
+    turns into a guard or refuses; those made inside OneModel give plain bools."""
 
     expr: Dim
 
@@ -259,8 +291,52 @@ class SymInt(int):
         return self._wrap(int(o) // int(self), floordiv(_expr(o), self.expr)) if _is_int(o) \
             else NotImplemented
 
+    def __mod__(self, o):
+        return self._wrap(int(self) % int(o), mod(self.expr, _expr(o))) if _is_int(o) \
+            else NotImplemented
+
+    # no __rmod__: ``i % size`` (an index wrapped by the axis size) stays an int
+
     def __neg__(self):
         return self._wrap(-int(self), mul(self.expr, -1))
+
+    # decisions --------------------------------------------------------------------------------
+    def _compare(self, o, op: str):
+        if isinstance(o, SymInt):
+            value, expr = int(o), o.expr
+        elif isinstance(o, (int, float)):
+            value = expr = o if isinstance(o, float) else int(o)
+        else:
+            return NotImplemented
+        outcome = _COMPARE[op](int(self), value)
+        if trace_state.active is None or internal_file(sys._getframe(2).f_code.co_filename):
+            return outcome
+        return SymBool(self.expr, op, expr, outcome)
+
+    def __lt__(self, o):
+        return self._compare(o, "<")
+
+    def __le__(self, o):
+        return self._compare(o, "<=")
+
+    def __gt__(self, o):
+        return self._compare(o, ">")
+
+    def __ge__(self, o):
+        return self._compare(o, ">=")
+
+    def __eq__(self, o):
+        return self._compare(o, "==")
+
+    def __ne__(self, o):
+        return self._compare(o, "!=")
+
+    __hash__ = int.__hash__
+
+    def __bool__(self) -> bool:
+        if trace_state.active is None or internal_file(sys._getframe(1).f_code.co_filename):
+            return int(self) != 0
+        return bool(SymBool(self.expr, "!=", 0, int(self) != 0))
 
     def __pos__(self):
         return self
@@ -283,3 +359,92 @@ def _expr(o) -> Dim:
 def as_dim(d) -> Dim:
     """The symbolic form of a dim given as an int, a SymInt or a DimExpr."""
     return d.expr if isinstance(d, SymInt) else d
+
+
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+            "==": operator.eq, "!=": operator.ne}
+_NEGATE = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
+
+
+class SymBool:
+    """The outcome of comparing a symbolic size in user code while tracing (``x.shape[0] > 2``).
+
+    It is not a bool on purpose: Python asks for its truth (``if``, ``while``, ``and``, ``not``)
+    through ``__bool__``, where the tracer records the outcome as a guard on the graph or, when
+    the outcome holds for one size only, refuses it. ``value`` is the outcome at the example."""
+
+    __slots__ = ("lhs", "op", "rhs", "value")
+
+    def __init__(self, lhs: Dim | float, op: str, rhs: Dim | float, value: bool):
+        self.lhs, self.op, self.rhs, self.value = lhs, op, rhs, bool(value)
+
+    def holds(self, bindings: Mapping[str, int]) -> bool:
+        """Whether the comparison has the example's outcome at ``bindings``."""
+        lhs, rhs = (v.evaluate(bindings) if isinstance(v, DimExpr) else v
+                    for v in (self.lhs, self.rhs))
+        return _COMPARE[self.op](lhs, rhs) == self.value
+
+    def symbols(self) -> set[str]:
+        out: set[str] = set()
+        for v in (self.lhs, self.rhs):
+            if isinstance(v, DimExpr):
+                out |= v.symbols()
+        return out
+
+    def condition(self) -> str:
+        """The condition that holds at the example, as text: ``batch > 2``, ``seq % 2 != 0``."""
+        op = self.op if self.value else _NEGATE[self.op]
+        return f"{_side(self.lhs)} {op} {_side(self.rhs)}"
+
+    def __bool__(self) -> bool:
+        tracer = trace_state.active
+        decide = getattr(tracer, "decide", None)
+        return self.value if decide is None else bool(decide(self))
+
+    def __int__(self) -> int:
+        return int(bool(self))
+
+    __index__ = __int__
+
+    def __eq__(self, other) -> bool:
+        return bool(self) == other
+
+    def __ne__(self, other) -> bool:
+        return bool(self) != other
+
+    def __hash__(self) -> int:
+        return hash(bool(self))
+
+    def __and__(self, other):
+        return bool(self) & bool(other)
+
+    __rand__ = __and__
+
+    def __or__(self, other):
+        return bool(self) | bool(other)
+
+    __ror__ = __or__
+
+    def __repr__(self) -> str:
+        return f"SymBool({self.lhs} {self.op} {self.rhs}: {self.value} at the example)"
+
+
+def _side(v) -> str:
+    return str(v) if isinstance(v, DimExpr) else repr(v)
+
+
+_INTERNAL: dict[str, bool] = {}
+
+
+def internal_file(filename: str) -> bool:
+    """Whether code in ``filename`` belongs to the onemodel packages (so a decision it makes on a
+    size is the library's, not the user's). Cached per file name."""
+    hit = _INTERNAL.get(filename)
+    if hit is None:
+        import onemodel
+
+        dirs = tuple(os.path.join(os.path.abspath(p), "") for p in onemodel.__path__)
+        path = os.path.abspath(filename)
+        hit = path.startswith(dirs) or filename.startswith("<frozen")
+        _INTERNAL[filename] = hit
+    return hit

@@ -62,28 +62,42 @@ class Tensor:
     # creation ---------------------------------------------------------------------------------
     @classmethod
     def zeros(cls, *shape, dtype=None) -> Tensor:
-        """``Tensor.zeros(DType.F32, 4, 1)``, ``Tensor.zeros(4, 1)`` or ``Tensor.zeros((4, 1))``."""
-        dt, dims = _dtype_and_shape(shape, dtype)
-        return cls._wrap(np.zeros(dims, dt.numpy))
+        """``Tensor.zeros(DType.F32, 4, 1)``, ``Tensor.zeros(4, 1)`` or ``Tensor.zeros((4, 1))``.
+        While tracing, sizes such as ``x.shape[0]`` make a graph node (Expand of the value)."""
+        dims, dt = _split_dtype(shape, dtype)
+        return cls.full(dims, 0, dt)
 
     @classmethod
     def ones(cls, *shape, dtype=None) -> Tensor:
-        dt, dims = _dtype_and_shape(shape, dtype)
-        return cls._wrap(np.ones(dims, dt.numpy))
+        dims, dt = _split_dtype(shape, dtype)
+        return cls.full(dims, 1, dt)
 
     @classmethod
     def full(cls, shape, value, dtype=None) -> Tensor:
         dt = DType.F32 if dtype is None else DType.of(dtype)
-        return cls._wrap(np.full(_shape_tuple(shape), value, dt.numpy))
+        dims = _dims((shape,) if isinstance(shape, (int, np.integer)) else tuple(shape))
+        if trace_state.active is not None and any(isinstance(d, SymInt) for d in dims):
+            # a symbolic size: Expand the value to a shape computed from the inputs' shapes
+            target = trace_state.shape_operand(dims, sizes=False)
+            return dispatch("Expand", (cls._wrap(np.asarray(value, dt.numpy)), target))
+        return cls._wrap(np.full(_shape_tuple(dims), value, dt.numpy))
 
     @classmethod
     def arange(cls, start, stop=None, step=1, dtype=None) -> Tensor:
+        """``arange(n)``, ``arange(start, stop, step)``; a symbolic bound while tracing (such as
+        ``x.shape[1]``) makes a Range node."""
         if stop is None:
             start, stop = 0, start
         if dtype is None:
             ints = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
             dtype = DType.I64 if ints else DType.F32
-        return cls._wrap(np.arange(start, stop, step, dtype=DType.of(dtype).numpy))
+        dt = DType.of(dtype)
+        bounds = (start, stop, step)
+        if trace_state.active is not None and any(isinstance(v, SymInt) for v in bounds):
+            return dispatch("Range", tuple(
+                trace_state.active.scalar_operand(v, dt.numpy) if isinstance(v, SymInt)
+                else cls._wrap(np.asarray(v, dt.numpy)) for v in bounds))
+        return cls._wrap(np.arange(start, stop, step, dtype=dt.numpy))
 
     @classmethod
     def from_data(cls, values, *shape, dtype=DType.F32) -> Tensor:
@@ -151,6 +165,12 @@ class Tensor:
         if not self._data.ndim:
             raise OneModelError("len() of a 0-d tensor")
         return self._data.shape[0]
+
+    def __iter__(self):
+        """The sub-tensors along axis 0, as numpy and PyTorch give them (``a, b = x``)."""
+        if not self._data.ndim:
+            raise OneModelError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self._data.shape[0]))
 
     # reading data -----------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
@@ -567,10 +587,11 @@ def _shape_tuple(shape) -> tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
-def _dtype_and_shape(args, dtype) -> tuple[DType, tuple[int, ...]]:
+def _split_dtype(args, dtype) -> tuple[tuple, DType]:
+    """``(DType.F32, 4, 1)`` or ``(4, 1)`` or ``((4, 1),)`` -> (the dims as given, the dtype)."""
     if args and isinstance(args[0], (DType, str)):
         dtype, args = args[0], args[1:]
-    return (DType.F32 if dtype is None else DType.of(dtype)), _shape_tuple(args)
+    return _dims(args), (DType.F32 if dtype is None else DType.of(dtype))
 
 
 def _const(values) -> Tensor:

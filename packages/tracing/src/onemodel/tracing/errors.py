@@ -6,6 +6,7 @@ import os
 import sys
 
 from onemodel.tensors import OneModelError
+from onemodel.tensors.symbolic import internal_file
 
 
 class TraceError(OneModelError):
@@ -28,19 +29,18 @@ class TraceWarning(UserWarning):
     """Tracing made a choice the user may not have meant (an ambiguous size match)."""
 
 
-def _onemodel_dirs() -> tuple[str, ...]:
-    import onemodel
-
-    return tuple(os.path.join(os.path.abspath(p), "") for p in onemodel.__path__)
+_ABS: dict[str, str] = {}
 
 
 def user_location() -> str:
     """``file:line`` of the innermost frame outside the onemodel packages."""
-    dirs = _onemodel_dirs()
     frame = sys._getframe(1)
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(dirs) and not filename.startswith("<frozen"):
-            return f"{filename}:{frame.f_lineno}"
+        filename = frame.f_code.co_filename
+        if not internal_file(filename):
+            path = _ABS.get(filename)
+            if path is None:
+                path = _ABS.setdefault(filename, os.path.abspath(filename))
+            return f"{path}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"

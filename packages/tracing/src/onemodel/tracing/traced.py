@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from onemodel.tensors import Tensor
+from onemodel.tensors.symbolic import SymInt
 
 
 class TracedData:
@@ -33,7 +34,18 @@ class TracedData:
                            "compute with tensor operations instead")
 
     def __len__(self):
-        return int(self.shape[0])
+        return int(self.shape[0])  # OneModel's own use; TracedTensor.__len__ guards the user's
+
+
+def _symbolic_axis0(t: TracedTensor, what: str, hint: str) -> None:
+    if not t.ndim:
+        raise TypeError(f"{what} of a 0-d tensor")
+    size = t.shape[0]
+    if isinstance(size, SymInt):
+        t._data.tracer.refuse(
+            f"{what} along symbolic axis {str(size.expr)!r} (axis 0 of a traced tensor)",
+            "the number of items is that axis's size, which changes from run to run; the graph "
+            f"would be frozen to its example size {int(size)}", hint)
 
 
 def _refuse_read(what: str):
@@ -75,7 +87,17 @@ class TracedTensor(Tensor):
         return f"TracedTensor({self.name}, {self.dtype.name}[{shape}])"
 
     def __len__(self) -> int:
+        _symbolic_axis0(self, "len()", "use x.shape[0], which stays symbolic, or declare the "
+                        "axis fixed (None in the axes)")
         return int(self.shape[0])
+
+    def __iter__(self):
+        """Unrolled along a fixed axis 0 (``a, b = x``, ``for row in x``); refused along a
+        symbolic one."""
+        _symbolic_axis0(self, "iterating over a traced tensor",
+                        "compute with tensor ops over the whole axis, or declare the axis fixed "
+                        "(None in the axes) if it always has this size")
+        return (self[i] for i in range(int(self.shape[0])))
 
     numpy = _refuse_read("numpy()")
     to_array = _refuse_read("to_array()")

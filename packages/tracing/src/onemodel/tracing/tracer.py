@@ -3,6 +3,11 @@
 Every op whose inputs include a traced tensor becomes a node (its output shapes come from the
 op's shape rule, on symbolic dims); constants it reads become initializers holding copies of their
 values now. Ops on constants alone run eagerly. Python control flow runs once and is unrolled.
+
+Python decisions on symbolic sizes are never frozen silently: a comparison used as a bool becomes
+a guard on the graph or a TraceError (:mod:`.decisions`), and what Python does not let the tracer
+see (``range(x.shape[1])``, ``len()``, ``int()``) is caught by tracing a second time with other
+sizes and comparing the two graphs (:mod:`.verify`).
 """
 
 from __future__ import annotations
@@ -14,13 +19,17 @@ import numpy as np
 
 import onemodel.tensors.trace_state as trace_state
 from onemodel.runtime import Graph, Node, ValueInfo
+from onemodel.runtime.graph import Guard
+from onemodel.runtime.guards import failed_guard
 from onemodel.runtime.values import propagate
 from onemodel.tensors import DimExpr, DType, OneModelError, Tensor, TensorSpec, autograd
 from onemodel.tensors.ops import OPS
-from onemodel.tensors.symbolic import Dim, SymInt, as_dim, evaluate
+from onemodel.tensors.symbolic import Dim, SymBool, SymInt, as_dim, evaluate
 
+from .decisions import classify
 from .errors import TraceError, TraceWarning, user_location
 from .traced import TracedData, TracedTensor
+from .verify import Difference, first_difference
 
 # ops that exist for training only: no inference graph holds them
 UNTRACEABLE = {"CTCLoss", "CTCLossGrad", "ConvInputGrad", "ConvWeightGrad", "MaxPoolGrad",
@@ -48,18 +57,33 @@ class Tracer:
         self._dim_cache: dict[str, TracedTensor] = {}
         self._fixed_dims: set[int] = set()
         self._values: dict[str, TensorSpec] = {}  # spec of every traced value
+        self._locations: list[str] = []  # the user's file:line of each node, in order
+        self._match_sizes: dict[str, int] | None = None  # the first trace's example sizes
 
     # the public entry point ------------------------------------------------------------------
     def trace(self, inputs: Mapping[str, Tensor], axes: Mapping[str, Sequence[str | None]] | None = None,
-              output_names: Sequence[str] | None = None):
+              output_names: Sequence[str] | None = None, *, verify: bool = True):
+        """Trace ``target`` on ``inputs``; ``axes`` names the symbolic axes of each input.
+
+        With symbolic axes and ``verify`` (the default), the target is traced a second time with
+        other sizes of those axes, and a difference between the two graphs raises TraceError:
+        Python control flow depended on a size in a way no guard could record."""
         from .model import TracedModel
 
-        self._reset()
         axes = dict(axes or {})
         unknown = [k for k in axes if k not in inputs]
         if unknown:
             raise TraceError("trace", f"axes names input {unknown[0]!r}, which is not among the "
                              f"inputs ({', '.join(inputs)})")
+        self._trace_once(inputs, axes, output_names)
+        if verify and self._examples:
+            self._verify(inputs, axes, output_names)
+        return TracedModel(self.graph, source=self.target, example_inputs=dict(inputs),
+                           axes=axes)
+
+    def _trace_once(self, inputs, axes, output_names, match_sizes=None) -> None:
+        self._reset()
+        self._match_sizes = match_sizes
         module_modes = self._enter_eval()
         try:
             traced_inputs = [self._add_input(name, t, axes.get(name)) for name, t in inputs.items()]
@@ -70,8 +94,102 @@ class Tracer:
             self._restore(module_modes)
         self.graph.metadata.update({"producer": "onemodel-tracing", "producer_version": "0.1.0"})
         self.graph.validate()
-        return TracedModel(self.graph, source=self.target, example_inputs=dict(inputs),
-                           axes=axes)
+
+    # the structural check --------------------------------------------------------------------
+    def _verify(self, inputs, axes, output_names) -> None:
+        """Trace again with other sizes of every symbolic axis; the graphs must be the same."""
+        state = dict(self.__dict__)  # the first trace: restored whatever happens
+        graph, locations, examples = self.graph, self._locations, dict(self._examples)
+        params = set(self._param_names.values())
+        try:
+            second = self._other_sizes(examples, list(examples), graph.guards)
+            diff = self._retrace(inputs, axes, output_names, examples, second, locations, params)
+            if diff is None:
+                return
+            axis = next(iter(examples))
+            if len(examples) > 1:  # name the axis: vary one at a time (on this error path only)
+                for sym in examples:
+                    alone = self._other_sizes(examples, [sym], graph.guards)
+                    if self._retrace(inputs, axes, output_names, examples, alone, locations,
+                                     params) is not None:
+                        axis = sym
+                        break
+            raise TraceError(
+                f"Python control flow on the size of symbolic axis {axis!r}",
+                f"tracing with {_sizes(examples)} and with {_sizes(second)} records different "
+                f"graphs: {diff.what}. A loop such as range(x.shape[i]), or a branch or constant "
+                "on len(), int() or numpy of a size, was unrolled for the example size only",
+                "declare the axis fixed (None in the axes) if it always has the example size, or "
+                "compute with tensor ops over the whole axis",
+                location=diff.second_location or diff.first_location or None)
+        finally:
+            self.__dict__.update(state)
+
+    def _retrace(self, inputs, axes, output_names, examples, sizes, locations, params):
+        """The first difference between the first trace and one at ``sizes``, or None."""
+        first = self.graph
+        changed = {}
+        for name, t in inputs.items():
+            names = axes.get(name) or ()
+            shape = tuple(sizes.get(sym, d) if sym else d for d, sym in zip(t.shape, names))
+            changed[name] = Tensor._wrap(np.zeros(shape, t.numpy().dtype)) if names else t
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TraceWarning)
+                self._trace_once(changed, axes, output_names, match_sizes=examples)
+        except OneModelError as exc:
+            return Difference(f"the second trace failed: {exc}", "",
+                              getattr(exc, "location", ""))
+        finally:
+            second, second_locs = self.graph, self._locations
+            self.graph = first
+        return first_difference(first, locations, second, second_locs, params)
+
+    def _other_sizes(self, examples: dict[str, int], symbols: list[str],
+                     guards: list[Guard]) -> dict[str, int]:
+        """For each of ``symbols``, the nearest other size (larger first) that keeps the symbols
+        distinct and every guard true."""
+        sizes = dict(examples)
+        for sym in symbols:
+            ex = examples[sym]
+            for cand in [*range(ex + 1, ex + 65), *range(ex - 1, 1, -1)]:
+                if cand in (v for k, v in sizes.items() if k != sym):
+                    continue
+                trial = {**sizes, sym: cand}
+                if failed_guard(guards, trial) is None:
+                    sizes[sym] = cand
+                    break
+            else:
+                held = [g for g in guards if sym in g.axis.split(", ")]
+                raise TraceError(
+                    f"Python decisions on symbolic axis {sym!r}",
+                    f"together the guards {', '.join(repr(g.condition) for g in held)} allow "
+                    f"only {sym}={ex}, so the graph would be frozen to that size",
+                    "declare the axis fixed (None in the axes), or use tensor ops instead of "
+                    "Python control flow on the size",
+                    location=held[0].location if held else None)
+        return sizes
+
+    # decisions on sizes (called by SymBool.__bool__) -------------------------------------------
+    def decide(self, decision: SymBool) -> bool:
+        """The outcome of a comparison of symbolic sizes used as a bool: recorded as a guard when
+        it holds for a range of sizes; TraceError when it pins an axis to one size."""
+        verdict = classify(decision, self._examples)
+        if verdict.kind == "always":
+            return decision.value
+        condition = decision.condition()
+        if verdict.kind == "pin":
+            raise TraceError(
+                f"the comparison '{condition}' on symbolic axis {verdict.axis!r} used as a bool",
+                f"it holds only for {verdict.axis}={verdict.size}, so the graph would be frozen "
+                "to that size",
+                f"declare the axis fixed (None in the axes) if {verdict.axis} is always "
+                f"{verdict.size}, or compute with tensor ops (where, masks) instead of Python "
+                "control flow")
+        if all(g.condition != condition for g in self.graph.guards):
+            axis = ", ".join(sorted(decision.symbols()))
+            self.graph.guards.append(Guard(condition, axis, user_location()))
+        return decision.value
 
     # inputs ----------------------------------------------------------------------------------
     def _add_input(self, name: str, example: Tensor, axes: Sequence[str | None] | None):
@@ -184,6 +302,7 @@ class Tracer:
         outs = [f"{op.lower()}_{self._counter}" + (f"_{i}" if len(out_specs) > 1 else "")
                 for i in range(len(out_specs))]
         self.graph.nodes.append(Node(op, names, outs, attrs, f"{op}_{self._counter}"))
+        self._locations.append(user_location())
         results = [self._traced(name, spec.dtype, spec.shape, spec.value)
                    for name, spec in zip(outs, out_specs)]
         return tuple(results) if len(results) > 1 or opdef.outputs[0].endswith("...") else results[0]
@@ -246,7 +365,8 @@ class Tracer:
         if isinstance(d, DimExpr):
             return d
         d = int(d)
-        hits = [s for s, size in self._examples.items() if size == d and s not in explicit]
+        sizes = self._examples if self._match_sizes is None else self._match_sizes
+        hits = [s for s, size in sizes.items() if size == d and s not in explicit]
         if not hits:
             return d
         if d in self._fixed_dims:
@@ -272,7 +392,7 @@ class Tracer:
                     "Gather", (shape, Tensor._wrap(np.asarray([axis], np.int64))), {"axis": 0})
             return self._dim_cache[sym]
         args = [self._dim_tensor(a) for a in d.args]
-        op = {"+": "Add", "*": "Mul", "//": "Div"}[d.kind]
+        op = {"+": "Add", "*": "Mul", "//": "Div", "%": "Mod"}[d.kind]
         out = args[0]
         for a in args[1:]:
             out = dispatch(op, (out, a), {})
@@ -325,6 +445,7 @@ class Tracer:
             else:
                 src = renamed.get(src, src)
                 self.graph.nodes.append(Node("Identity", [src], [name], {}, f"output_{name}"))
+                self._locations.append("")
             # the spec recorded when the value was made (trace() validates the graph once)
             spec = self._spec(value) if value._traced else self._const_spec(value)
             self.graph.outputs.append(ValueInfo(name, spec.dtype, spec.shape))
@@ -332,3 +453,7 @@ class Tracer:
     # refusing --------------------------------------------------------------------------------
     def refuse(self, operation: str, reason: str, hint: str = "") -> None:
         raise TraceError(operation, reason, hint)
+
+
+def _sizes(sizes: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items())

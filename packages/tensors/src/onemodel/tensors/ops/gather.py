@@ -102,6 +102,10 @@ def cum_sum(x, axis, *, exclusive=0, reverse=0):
 def _range_shape(specs):
     start, limit, delta = (const_ints(s, "Range bounds") for s in specs)
     dt = same_dtype(specs)
+    if any(isinstance(v[0], DimExpr) for v in (start, limit, delta)):  # a traced arange(x.shape[i])
+        if isinstance(delta[0], DimExpr) or int(delta[0]) <= 0:
+            raise ShapeError("Range over a symbolic size needs a constant positive step")
+        return TensorSpec(((limit[0] - start[0] + int(delta[0]) - 1) // int(delta[0]),), dt)
     n = max(int(np.ceil((limit[0] - start[0]) / delta[0])), 0)
     return TensorSpec((n,), dt)
 
