@@ -150,3 +150,29 @@ def test_mis_shaped_batchnorm_after_gemm_names_the_node(trans_b):
     b.graph.outputs.append(ValueInfo("output", DType.F32, ("batch", 4)))
     with pytest.raises(OneModelError, match=r"node bn \(BatchNormalization\): .*scale has shape"):
         PassManager(default_passes()).run(b.graph)
+
+
+def _shape_arithmetic(case):
+    b = GraphBuilder()
+    if case == "gather from the shape of a scalar":
+        b.op("Gather", b.op("Shape", b.input("x", DType.F32, ())), b.const([0], "I64"), axis=0,
+             name="n")
+    elif case == "gather out of range":
+        b.op("Gather", b.const([1, 2], "I64"), b.const([5], "I64"), axis=0, name="n")
+    else:  # a Slice with no axes: valid, its value simply stays unknown to the shortcut
+        b.op("Slice", b.op("Shape", b.input("y", DType.F32, ("n", 3))),
+             b.const(np.zeros(0, np.int64)), b.const(np.zeros(0, np.int64)), name="n")
+    return b.graph
+
+
+@pytest.mark.parametrize("case", ["gather from the shape of a scalar", "gather out of range"])
+def test_shape_arithmetic_on_bad_constants_names_the_node(case):
+    from onemodel.runtime import GraphError
+
+    with pytest.raises(GraphError, match=r"node n \(Gather\): Gather cannot compute its value"):
+        _shape_arithmetic(case).validate(allow_unknown=True)
+
+
+def test_shape_arithmetic_the_value_shortcut_cannot_follow_stays_unknown():
+    specs = _shape_arithmetic("slice without axes").validate(allow_unknown=True)
+    assert [s.shape for s in specs.values() if s is not None][-1] == (2,)

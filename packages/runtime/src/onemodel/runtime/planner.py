@@ -13,6 +13,7 @@ kernel raises ends as an :class:`ExecutionError` naming the node, its op and its
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -171,9 +172,14 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[st
 
 
 def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
-              wanted: Sequence[str], values: Mapping[str, np.ndarray] | None = None) -> Plan:
+              wanted: Sequence[str], values: Mapping[str, np.ndarray] | None = None,
+              symbolic: Mapping[str, TensorSpec | None] | None = None) -> Plan:
     """The plan for these input shapes; ``values`` holds the inputs whose values shapes depend
-    on (``Graph.value_inputs``): they are constants of this plan."""
+    on (``Graph.value_inputs``): they are constants of this plan. ``symbolic`` (the specs of
+    ``graph.validate(allow_unknown=True)``) settles shapes that zero-size inputs leave open.
+
+    A node whose outputs are all empty runs no kernel: its step makes empty arrays of the
+    planned shapes (nothing to compute, and no kernel's zero-size corner case to meet)."""
     bindings = bind_symbols(graph, shapes)
     check_guards(graph, bindings)
     slot_of: dict[str, int] = {"": 0}  # slot 0: an omitted input; slot 1: unnamed outputs
@@ -204,7 +210,9 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         try:
             out_specs = op.infer(in_specs, n.attrs)
         except OneModelError as exc:
-            raise GraphError(f"{n.label()}: {exc} (at {_bound(bindings)})") from None
+            out_specs = _settled_by_symbols(n, in_specs, symbolic, bindings)
+            if out_specs is None:
+                raise GraphError(f"{n.label()}: {exc} (at {_bound(bindings)})") from None
         for name, spec in zip(n.outputs, out_specs):
             if name:
                 specs[name] = spec
@@ -226,10 +234,15 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
                                              small_value(value))
                     template[slot(name)] = value
             continue
-        pending.append((n, in_specs))
+        pending.append((n, in_specs, out_specs))
 
     steps_src = []
-    for n, in_specs in pending:
+    for n, in_specs, out_specs in pending:
+        named = [spec for spec, name in zip(out_specs, n.outputs) if name]
+        if named and all(_size(spec) == 0 for spec in named):
+            steps_src.append((n, _empties(n, out_specs), (), tuple(slot(o) if o else 1
+                                                                   for o in n.outputs)))
+            continue
         kernel = _choose_kernel(n, in_specs)
         ins = tuple(slot(i) if i else 0 for i in n.inputs)
         outs = tuple(slot(o) if o else 1 for o in n.outputs)
@@ -249,7 +262,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
 
     steps = []
     for k, (n, kernel, ins, outs) in enumerate(steps_src):
-        attrs = n.attrs
+        attrs = n.attrs if ins else None  # an empties step takes neither inputs nor attributes
         call = partial(kernel, **attrs) if attrs else kernel
         gather = itemgetter(*ins) if ins else (lambda vals: ())
         multi = len(OPS[n.op].outputs) > 1 or OPS[n.op].outputs[0].endswith("...")
@@ -262,6 +275,39 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     return Plan(template, [(v.name, slot_of[v.name]) for v in graph.inputs], outputs, steps,
                 {k: tuple(int(d) for d in s.shape) for k, s in specs.items()}, bindings,
                 own, roots)
+
+
+def _size(spec: TensorSpec) -> int:
+    return math.prod(int(d) for d in spec.shape)
+
+
+def _empties(n, out_specs):
+    """A step function making the node's (all empty) outputs."""
+    layout = [(tuple(int(d) for d in s.shape), s.dtype.numpy) for s in out_specs]
+    if len(OPS[n.op].outputs) > 1 or OPS[n.op].outputs[0].endswith("..."):
+        return lambda: tuple(np.empty(shape, dt) for shape, dt in layout)
+    shape, dt = layout[0]
+    return lambda: np.empty(shape, dt)
+
+
+def _settled_by_symbols(n, in_specs, symbolic, bindings) -> list[TensorSpec] | None:
+    """Output specs for a node whose concrete shape rule fails on a zero-size input (a
+    Reshape to ``[0, -1]`` leaves the -1 open), from the graph's symbolic shapes (``[batch,
+    64]``) at these sizes; None when that does not settle them."""
+    if symbolic is None or not any(s is not None and _size(s) == 0 for s in in_specs):
+        return None
+    out = []
+    for name in n.outputs:
+        spec = symbolic.get(name) if name else None
+        if spec is None:
+            return None
+        try:
+            dims = tuple(d.evaluate(bindings) if isinstance(d, DimExpr) else int(d)
+                         for d in spec.shape)
+        except (OneModelError, KeyError, ArithmeticError):
+            return None
+        out.append(TensorSpec(dims, spec.dtype))
+    return out
 
 
 def _plan_time(n, consts, out_specs) -> bool:

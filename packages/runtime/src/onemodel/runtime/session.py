@@ -43,6 +43,7 @@ class Session:
         self.optimizations: dict[str, int] = {}
         if optimize:
             self.optimizations = PassManager(default_passes()).run(self.graph)
+        self._specs = self.graph.validate(allow_unknown=True)  # symbolic: settle zero sizes
         self._inputs = {v.name: v for v in self.graph.inputs}
         # inputs whose values set shapes: part of a plan's signature
         value_inputs = self.graph.value_inputs()
@@ -151,7 +152,7 @@ class Session:
         shapes = {v.name: a.shape for v, a in zip(self.graph.inputs, arrays)}
         values = {self.graph.inputs[i].name: np.array(arrays[i], copy=True)
                   for i in self._value_inputs}
-        return make_plan(self.graph, shapes, wanted, values)
+        return make_plan(self.graph, shapes, wanted, values, self._specs)
 
 
 _KNOWN = {d.numpy for d in DType}

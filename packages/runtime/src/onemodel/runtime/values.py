@@ -11,7 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from onemodel.tensors import DimExpr, DType
+from onemodel.tensors import DimExpr, DType, OneModelError
+from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.symbolic import add, floordiv, mul
 
@@ -30,8 +31,19 @@ def propagate(op: str, in_specs, attrs, out_specs):
     present = [v for s, v in zip(in_specs, vals) if s is not None]
     if not present or any(v is None for v in present):
         return out_specs
-    value = _symbolic(op, in_specs, vals, attrs) if _has_symbols(present) else _concrete(
-        op, in_specs, vals, attrs)
+    if _has_symbols(present):
+        try:
+            value = _symbolic(op, in_specs, vals, attrs)
+        except (ArithmeticError, IndexError, KeyError, TypeError, ValueError):
+            value = None  # a form this shortcut does not follow: the value stays unknown
+    else:
+        try:
+            value = _concrete(op, in_specs, vals, attrs)
+        except OneModelError:
+            raise
+        except Exception as exc:  # the kernel refuses these constants: so would the run
+            raise ShapeError(f"{op} cannot compute its value from constant inputs "
+                             f"{[list(v) for v in present]}: {type(exc).__name__}: {exc}") from None
     if value is None or len(value) > _MAX:
         return out_specs
     return [replace(out, value=tuple(value))]
