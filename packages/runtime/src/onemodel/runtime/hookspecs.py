@@ -16,6 +16,12 @@ def onemodel_register_passes(register) -> None:
         :class:`onemodel.runtime.passes.Pass` subclass or a ``"module:attr"`` string naming one;
         passes run in increasing ``order`` (the built-ins use 10 to 70), repeatedly, until none
         changes the graph.
+
+    Example (the runtime's own)::
+
+        @hookimpl
+        def onemodel_register_passes(register):
+            register("dead-code", "onemodel.runtime.passes.cleanup:DeadCodeElimination", order=70)
     """
 
 
@@ -30,6 +36,14 @@ def onemodel_register_serializers(register) -> None:
         callables or ``"module:attr"`` strings; ``package`` is the distribution to install;
         ``describe(path) -> dict`` (optional) gives format details that ``onemodel inspect``
         prints, such as the format version or ONNX opset.
+
+    Example (``onemodel-native``)::
+
+        @hookimpl
+        def onemodel_register_serializers(register):
+            register("native", extensions=[".onemodel"], magic=b"ONEMODEL",
+                     save="onemodel.native.format:save", load="onemodel.native.format:load",
+                     describe="onemodel.native.describe:describe", package="onemodel-native")
     """
 
 

@@ -23,6 +23,13 @@ def onemodel_addhooks(pluginmanager: pluggy.PluginManager) -> None:
     """Add hook specifications of another package (the runtime adds its passes and serializers).
 
     :param pluginmanager: the ``onemodel`` plugin manager; call ``pluginmanager.add_hookspecs``.
+
+    Example (what ``onemodel.runtime.plugin`` does)::
+
+        @hookimpl
+        def onemodel_addhooks(pluginmanager):
+            from onemodel.runtime import hookspecs
+            pluginmanager.add_hookspecs(hookspecs)
     """
 
 
@@ -33,6 +40,13 @@ def onemodel_register_backends(register) -> None:
     :param register: ``register(name, *, description="", available=None)``. ``available`` is
         ``None`` (always usable) or a lazily named zero-argument callable returning a bool, e.g.
         ``"my_gpu_plugin.probe:has_device"``.
+
+    Example::
+
+        @hookimpl
+        def onemodel_register_backends(register):
+            register("sim", description="host arrays in a wrapper",
+                     available="my_backend.probe:has_device")
     """
 
 
@@ -47,4 +61,11 @@ def onemodel_register_kernels(register) -> None:
         whose first input has one of these DTypes. Among kernels that accept a call, the highest
         ``priority`` wins; the reference numpy kernels have priority 0. ``supports`` (same call
         signature as ``impl``, returns a bool) can refuse a particular call.
+
+    Example (``plugins/_template``)::
+
+        @hookimpl
+        def onemodel_register_kernels(register):
+            register("Relu", "example_kernels:relu", dtypes=["F32", "F64"], priority=10,
+                     supports="example_kernels:relu_supports")
     """
