@@ -5,6 +5,7 @@
     python3 scripts/dev.py test     # the whole test suite, after ruff
     python3 scripts/dev.py bench    # the benchmark scripts
     python3 scripts/dev.py lint     # ruff only
+    python3 scripts/dev.py matrix   # every plugin combination from built wheels (matrix.py)
     python3 scripts/dev.py demo     # a short tour of tensors and autograd
 
 A virtual environment is made in ``.venv`` with every distribution of the monorepo installed
@@ -38,6 +39,9 @@ DISTRIBUTIONS = [
 TEST_TOOLS = ["torch==2.13.0", "onnxruntime", "pytest>=8", "pytest-xdist>=3", "ruff>=0.6",
               # the docs site, built with --strict by the tests
               "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
+
+
+CURATED_MATRIX = ["none", "template", "native"]
 
 
 def python() -> str:
@@ -88,11 +92,14 @@ def test(extra: list[str]) -> int:
     if code == 5:
         print("pytest collected no test: that is a failure here", file=sys.stderr)
         return 1
-    return code
+    if code or extra:  # a chosen subset of tests: no matrix
+        return code
+    # the curated plugin combinations, installed from built wheels (all: scripts/matrix.py)
+    return run(str(ROOT / "scripts" / "matrix.py"), *CURATED_MATRIX)
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("recipe", "demo", "test", "bench", "lint", "setup"):
+    if not argv or argv[0] not in ("recipe", "demo", "test", "bench", "lint", "setup", "matrix"):
         print(__doc__)
         return 2
     ensure_environment()
@@ -105,6 +112,8 @@ def main(argv: list[str]) -> int:
         return test(extra)
     if job == "lint":
         return lint()
+    if job == "matrix":
+        return run(str(ROOT / "scripts" / "matrix.py"), *extra)
     if job == "bench":
         code = 0
         for script in sorted((ROOT / "benchmarks").glob("*.py")):
