@@ -7,6 +7,7 @@ file's guards cannot run code. The Session calls :func:`check_guards` once per p
 
 from __future__ import annotations
 
+import json
 import operator
 import re
 from collections.abc import Mapping
@@ -20,6 +21,10 @@ _COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operato
             "==": operator.eq, "!=": operator.ne}
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
           "%": operator.mod}
+
+
+_MAX_TEXT = 400  # characters in one guard: the tracer writes short ones; a file may not nest deep
+METADATA_KEY = "onemodel.guards"  # ONNX metadata_props key holding guards_to_json(...)
 
 
 class GuardError(OneModelError):
@@ -40,10 +45,17 @@ def evaluate_condition(condition: str, bindings: Mapping[str, int]) -> bool:
     return bool(_COMPARE[op](lhs, rhs))
 
 
+def _holds(condition: str, bindings: Mapping[str, int]) -> bool:
+    try:
+        return evaluate_condition(condition, bindings)
+    except ZeroDivisionError:  # a size that makes the guard's own arithmetic undefined
+        return False
+
+
 def failed_guard(guards: list[Guard], bindings: Mapping[str, int]) -> Guard | None:
     """The first guard that does not hold at ``bindings``, or None."""
     for g in guards:
-        if not evaluate_condition(g.condition, bindings):
+        if not _holds(g.condition, bindings):
             return g
     return None
 
@@ -63,6 +75,40 @@ def check_guards(graph: Graph, bindings: Mapping[str, int]) -> None:
         f"traced under a Python decision on that size made at {g.location}, so it is valid only "
         f"where {g.condition}. Feed sizes where it holds, or trace a graph for these sizes (or "
         "replace the decision with tensor ops such as where())")
+
+
+def guards_to_list(guards: list[Guard]) -> list[dict]:
+    """Guards as plain data for a file header."""
+    return [{"condition": g.condition, "axis": g.axis, "location": g.location} for g in guards]
+
+
+def guards_from_list(data) -> list[Guard]:
+    """Guards read back from a file; a malformed entry is a OneModelError (a file without
+    guards gives ``[]``)."""
+    if not isinstance(data, list):
+        raise OneModelError("the guards are not a list")
+    out = []
+    for e in data:
+        if not isinstance(e, dict) or not all(isinstance(e.get(k), str)
+                                              for k in ("condition", "axis", "location")):
+            raise OneModelError(f"a guard is malformed: {e!r}")
+        if len(e["condition"]) > _MAX_TEXT:
+            raise OneModelError(f"a guard is longer than {_MAX_TEXT} characters")
+        _tokens(e["condition"])  # refuse characters a guard never holds
+        out.append(Guard(e["condition"], e["axis"], e["location"]))
+    return out
+
+
+def guards_to_json(guards: list[Guard]) -> str:
+    return json.dumps(guards_to_list(guards), separators=(",", ":"))
+
+
+def guards_from_json(text: str) -> list[Guard]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise OneModelError(f"the guards in metadata {METADATA_KEY!r} are not JSON") from None
+    return guards_from_list(data)
 
 
 def _tokens(text: str) -> list:

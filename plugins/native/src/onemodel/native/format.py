@@ -41,6 +41,7 @@ import numpy as np
 
 from onemodel.runtime import Graph, GraphError, Node, ValueInfo
 from onemodel.runtime.dims import dim_to_text, parse_dim
+from onemodel.runtime.guards import guards_from_list, guards_to_list
 from onemodel.tensors import DType, OneModelError
 from onemodel.tensors.fileio import atomic_write
 
@@ -83,6 +84,8 @@ def save(graph: Graph, path: str | os.PathLike) -> None:
                    "attrs": {k: _encode_attr(v) for k, v in n.attrs.items()}} for n in graph.nodes],
         "initializers": inits,
     }
+    if graph.guards:  # conditions on sizes the traced graph holds under; older files have none
+        header["guards"] = guards_to_list(graph.guards)
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * _pad(_FIXED.size + len(raw))
     data = bytearray(offset)
@@ -157,6 +160,7 @@ def load(path: str | os.PathLike) -> Graph:
     try:
         header = json.loads(bytes(raw))
         graph = _decode(header, mm, _FIXED.size + hlen, dlen)
+        graph.guards = guards_from_list(header.get("guards", []))
     except NativeFormatError as exc:
         raise NativeFormatError(f"{path}: {exc}") from None
     except (ValueError, TypeError, KeyError, AttributeError, OneModelError) as exc:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from onemodel.runtime import Graph
+from onemodel.runtime.guards import METADATA_KEY, guards_to_json
 from onemodel.tensors import DimExpr, DType, OneModelError
 from onemodel.tensors.fileio import atomic_write
 from onemodel.tensors.ops import OPS
@@ -72,6 +73,9 @@ def to_model(graph: Graph, opset: int | None = None):
                                     f"{need} ({exc})") from None
         else:
             model.opset_import[0].version = target
+    if graph.guards:  # ONNX cannot enforce them; they travel as metadata for readers
+        entry = model.metadata_props.add()
+        entry.key, entry.value = METADATA_KEY, guards_to_json(graph.guards)
     onnx.checker.check_model(model)
     return model
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from onemodel.runtime import Graph, Node, ValueInfo
 from onemodel.runtime.dims import parse_dim
+from onemodel.runtime.guards import METADATA_KEY, guards_from_json
 from onemodel.tensors import DimExpr, OneModelError
 from onemodel.tensors.ops import OPS
 
@@ -69,6 +70,7 @@ def from_model(model, name: str = "graph") -> Graph:
         graph.initializers[k] = _supported(arr, k)
     for node in g.node:
         _convert(node, opset, graph, fresh)
+    graph.guards = guards_from_json(graph.metadata.pop(METADATA_KEY, "[]"))
     graph.validate(allow_unknown=True)
     return graph
 
