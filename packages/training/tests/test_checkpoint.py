@@ -30,7 +30,7 @@ def test_round_trip_with_optimizer_is_exact(tmp_path):
     fresh = _model(seed=5)
     fresh_opt = Adam(fresh.parameters(), 0.5)
     meta = Checkpoint.load(path, fresh, fresh_opt)
-    assert meta["model"] == "Sequential" and meta["format_version"] == "1"
+    assert meta["model"] == "Sequential" and meta["format_version"] == "2"
     for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=k)
     assert fresh_opt.param_groups[0]["lr"] == 0.01
@@ -126,7 +126,7 @@ def test_newer_format_version_is_refused(tmp_path):
     Checkpoint.save(path, Linear(1, 1))
     raw = path.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
-    header = raw[8 : 8 + n].replace(b'"format_version":"1"', b'"format_version":"7"')
+    header = raw[8 : 8 + n].replace(b'"format_version":"2"', b'"format_version":"7"')
     path.write_bytes(raw[:8] + header + raw[8 + n :])
     with pytest.raises(CheckpointError, match="version 7 is newer than this OneModel reads"):
         Checkpoint.load(path, Linear(1, 1))

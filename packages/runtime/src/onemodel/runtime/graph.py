@@ -213,10 +213,12 @@ class Graph:
                 raise GraphError(f"{n.label()}: input {name!r} is used before it is computed "
                                  "(nodes must be in topological order)")
             in_specs.append(specs[name])
-        required = [p for p in op.inputs if p not in op.optional]
-        if not op.variadic and len([i for i in n.inputs if i]) < len(required):
-            raise GraphError(f"{n.label()}: missing required inputs of {n.op} "
-                             f"({', '.join(required)})")
+        # required inputs by position (a variadic op needs its first variadic input)
+        missing = [p for pos, p in enumerate(op.inputs) if p not in op.optional
+                   and (pos >= len(n.inputs) or not n.inputs[pos])]
+        if missing:
+            raise GraphError(f"{n.label()}: missing required input {', '.join(missing)} of "
+                             f"{n.op} (its inputs are {', '.join(op.inputs)})")
         present = [i for i in n.inputs if i]
         if allow_unknown and any(specs[i] is None for i in present):
             return {o: None for o in n.outputs if o}

@@ -22,14 +22,18 @@ The JSON header holds ``name``, ``metadata`` (string -> string), ``inputs`` and 
 ``{"floats": [..]}``, ``{"strs": [..]}``, ``{"dtype": "F32"}``, ``{"none": true}``.
 
 Loading maps the file and builds the initializers as read-only views of it (no copy). Every
-length is checked against the file size before anything is read, both checksums are verified,
-the header is validated field by field, and the graph is validated as a whole; only then is it
-returned. A truncated, corrupt or newer file raises ``NativeFormatError`` saying which.
+length is checked against the file size before anything is read, the header length against
+``ONEMODEL_MAX_HEADER_BYTES`` before it is checksummed or parsed, both checksums are verified,
+the header is parsed strictly and validated field by field, the node count is checked against
+``ONEMODEL_MAX_NODES`` before any node is built, and the graph is validated as a whole; only then
+is it returned. A truncated, corrupt, oversized or newer file raises ``NativeFormatError``
+saying which.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -43,13 +47,12 @@ from onemodel.runtime import Graph, GraphError, Node, ValueInfo
 from onemodel.runtime.dims import dim_to_text, parse_dim
 from onemodel.runtime.guards import guards_from_list, guards_to_list
 from onemodel.tensors import DType, OneModelError
-from onemodel.tensors.fileio import atomic_write
+from onemodel.tensors.fileio import atomic_write, load_limit, read_json
 
 MAGIC = b"ONEMODEL"
 VERSION = 1
 _FIXED = struct.Struct("<8sIIQQII")
 ALIGN = 64
-_MAX_HEADER = 256 * 1024 * 1024
 
 
 class NativeFormatError(OneModelError):
@@ -144,7 +147,12 @@ def load(path: str | os.PathLike) -> Graph:
                                     f"onemodel-native reads ({VERSION}); upgrade onemodel-native")
         if version < 1:
             raise NativeFormatError(f"{path}: corrupt header (format version {version})")
-        if hlen > _MAX_HEADER or _FIXED.size + hlen + dlen != size:
+        max_header = load_limit("HEADER_BYTES")
+        if hlen > max_header and _FIXED.size + hlen + dlen == size:
+            raise NativeFormatError(
+                f"{path}: the header is {hlen} bytes, more than the limit of {max_header}; "
+                "raise ONEMODEL_MAX_HEADER_BYTES if this model is genuine")
+        if _FIXED.size + hlen + dlen != size:
             raise NativeFormatError(
                 f"{path}: truncated or corrupt: the header says {_FIXED.size + hlen + dlen} "
                 f"bytes, the file has {size}"
@@ -158,12 +166,14 @@ def load(path: str | os.PathLike) -> Graph:
     if zlib.crc32(data) != dcrc:
         raise NativeFormatError(f"{path}: corrupt: the data checksum does not match")
     try:
-        header = json.loads(bytes(raw))
+        header = read_json(raw, "header", allow_nonfinite=True)
         graph = _decode(header, mm, _FIXED.size + hlen, dlen)
         graph.guards = guards_from_list(header.get("guards", []))
     except NativeFormatError as exc:
         raise NativeFormatError(f"{path}: {exc}") from None
-    except (ValueError, TypeError, KeyError, AttributeError, OneModelError) as exc:
+    except OneModelError as exc:
+        raise NativeFormatError(f"{path}: corrupt header ({exc})") from None
+    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as exc:
         raise NativeFormatError(f"{path}: corrupt header ({type(exc).__name__}: {exc})") from None
     try:
         graph.validate(allow_unknown=True)
@@ -172,35 +182,80 @@ def load(path: str | os.PathLike) -> Graph:
     return graph
 
 
+def _list(v, what: str) -> list:
+    if not isinstance(v, list):
+        raise NativeFormatError(f"corrupt header: {what} is not a list")
+    return v
+
+
+def _dict(v, what: str) -> dict:
+    if not isinstance(v, dict):
+        raise NativeFormatError(f"corrupt header: {what} is not a table")
+    return v
+
+
+def _str(v, what: str) -> str:
+    if not isinstance(v, str):
+        raise NativeFormatError(f"corrupt header: {what} is not text")
+    return v
+
+
+def _count(v, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 62:
+        raise NativeFormatError(f"corrupt header: {what} is not a count ({v!r})")
+    return v
+
+
+def _dtype(v, what: str) -> DType:
+    if not isinstance(v, str) or v not in DType.__members__:
+        raise NativeFormatError(f"corrupt header: {what} has unknown dtype {v!r}")
+    return DType[v]
+
+
 def _decode(h: dict, mm: mmap.mmap, data_start: int, dlen: int) -> Graph:
-    if not isinstance(h, dict):
-        raise NativeFormatError("corrupt header: not a JSON object")
+    h = _dict(h, "the header")
+    raw_nodes = _list(h["nodes"], "nodes")
+    limit = load_limit("NODES")
+    if len(raw_nodes) > limit:
+        raise NativeFormatError(f"the graph has {len(raw_nodes)} nodes, more than the limit of "
+                                f"{limit}; raise ONEMODEL_MAX_NODES if this model is genuine")
     inits = {}
-    for e in h["initializers"]:
-        dt = DType[e["dtype"]]
-        shape = tuple(int(d) for d in e["shape"])
-        off, nbytes = int(e["offset"]), int(e["nbytes"])
-        count = int(np.prod(shape, dtype=np.int64))
-        if any(d < 0 for d in shape) or off < 0 or nbytes != count * dt.itemsize:
-            raise NativeFormatError(f"corrupt entry for initializer {e['name']!r}")
+    for e in _list(h["initializers"], "initializers"):
+        e = _dict(e, "an initializer")
+        name = _str(e["name"], "an initializer name")
+        dt = _dtype(e["dtype"], f"initializer {name!r}")
+        shape = tuple(_count(d, f"a dimension of {name!r}") for d in _list(e["shape"], "shape"))
+        off, nbytes = _count(e["offset"], "an offset"), _count(e["nbytes"], "a length")
+        count = math.prod(shape)
+        if nbytes != count * dt.itemsize:
+            raise NativeFormatError(f"corrupt entry for initializer {name!r}")
         if off + nbytes > dlen:
-            raise NativeFormatError(f"truncated: initializer {e['name']!r} ends at byte "
+            raise NativeFormatError(f"truncated: initializer {name!r} ends at byte "
                                     f"{off + nbytes} of a {dlen}-byte data section")
         arr = np.frombuffer(mm, dtype=dt.numpy.newbyteorder("<"), count=count,
                             offset=data_start + off).reshape(shape)
-        inits[str(e["name"])] = arr if arr.dtype == dt.numpy else arr.astype(dt.numpy)
-    nodes = [Node(str(n["op"]), [str(i) for i in n["inputs"]], [str(o) for o in n["outputs"]],
-                  {str(k): _decode_attr(v) for k, v in n["attrs"].items()}, str(n.get("name", "")))
-             for n in h["nodes"]]
-    meta = h.get("metadata", {})
-    if not isinstance(meta, dict):
-        raise NativeFormatError("corrupt metadata")
-    return Graph([_value_info(v) for v in h["inputs"]], [_value_info(v) for v in h["outputs"]],
-                 nodes, inits, {str(k): str(v) for k, v in meta.items()}, str(h.get("name", "")))
+        inits[name] = arr if arr.dtype == dt.numpy else arr.astype(dt.numpy)
+    nodes = [_node(_dict(n, "a node")) for n in raw_nodes]
+    meta = _dict(h.get("metadata", {}), "metadata")
+    return Graph([_value_info(v) for v in _list(h["inputs"], "inputs")],
+                 [_value_info(v) for v in _list(h["outputs"], "outputs")],
+                 nodes, inits, {str(k): _str(v, f"metadata {k!r}") for k, v in meta.items()},
+                 _str(h.get("name", ""), "the graph name"))
+
+
+def _node(n: dict) -> Node:
+    op = _str(n["op"], "an op name")
+    name = _str(n.get("name", ""), f"the name of a {op} node")
+    return Node(op, [_str(i, f"an input of {name}") for i in _list(n["inputs"], "inputs")],
+                [_str(o, f"an output of {name}") for o in _list(n["outputs"], "outputs")],
+                {_str(k, "an attribute name"): _decode_attr(v)
+                 for k, v in _dict(n["attrs"], "attrs").items()}, name)
 
 
 def _value_info(v: dict) -> ValueInfo:
-    return ValueInfo(str(v["name"]), DType[v["dtype"]], tuple(parse_dim(d) for d in v["shape"]))
+    v = _dict(v, "an input or output")
+    return ValueInfo(_str(v["name"], "a value name"), _dtype(v["dtype"], "a value"),
+                     tuple(parse_dim(d) for d in _list(v["shape"], "shape")))
 
 
 def _decode_attr(v: dict):
@@ -209,20 +264,34 @@ def _decode_attr(v: dict):
     (tag, value), = v.items()
     if tag == "none":
         return None
-    if tag == "b":
-        return bool(value)
+    if tag == "b" and isinstance(value, bool):
+        return value
     if tag == "i":
-        return int(value)
+        return _int(value)
     if tag == "f":
-        return float(value)
+        return _float(value)
     if tag == "s":
-        return str(value)
+        return _str(value, "a text attribute")
     if tag == "dtype":
-        return DType[value]
+        return _dtype(value, "an attribute")
     if tag == "ints":
-        return tuple(int(x) for x in value)
+        return tuple(_int(x) for x in _list(value, "ints"))
     if tag == "floats":
-        return tuple(float(x) for x in value)
+        return tuple(_float(x) for x in _list(value, "floats"))
     if tag == "strs":
-        return tuple(str(x) for x in value)
+        return tuple(_str(x, "a text attribute") for x in _list(value, "strs"))
+    if tag in ("b", "i", "f", "s", "dtype", "ints", "floats", "strs"):
+        raise NativeFormatError(f"corrupt attribute {v!r}")
     raise NativeFormatError(f"unknown attribute tag {tag!r} (written by a newer version?)")
+
+
+def _int(v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise NativeFormatError(f"corrupt attribute: {v!r} is not an integer")
+    return v
+
+
+def _float(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise NativeFormatError(f"corrupt attribute: {v!r} is not a number")
+    return float(v)

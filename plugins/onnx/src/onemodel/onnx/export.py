@@ -19,6 +19,7 @@ from onemodel.tensors.fileio import atomic_write
 from onemodel.tensors.ops import OPS
 
 from .dtypes import TO_ONNX
+from .integrity import KEY, initializers_crc
 
 # the opset each op's form needs (ops not listed need opset <= 18)
 _MIN_OPSET = {"Gelu": 20, "Pad": 18}
@@ -59,7 +60,7 @@ def to_model(graph: Graph, opset: int | None = None):
                               producer_version=graph.metadata.get("producer_version", "0.1.0"))
     model.ir_version = IR_VERSION
     for k, v in graph.metadata.items():
-        if k not in ("producer", "producer_version"):
+        if k not in ("producer", "producer_version", KEY):
             entry = model.metadata_props.add()
             entry.key, entry.value = str(k), str(v)
     if target != need:
@@ -73,6 +74,9 @@ def to_model(graph: Graph, opset: int | None = None):
                                     f"{need} ({exc})") from None
         else:
             model.opset_import[0].version = target
+    entry = model.metadata_props.add()  # verified by the importer: ONNX has no checksum
+    entry.key, entry.value = KEY, initializers_crc(
+        (t.name, numpy_helper.to_array(t)) for t in model.graph.initializer)
     if graph.guards:  # ONNX cannot enforce them; they travel as metadata for readers
         entry = model.metadata_props.add()
         entry.key, entry.value = METADATA_KEY, guards_to_json(graph.guards)

@@ -6,10 +6,17 @@ sizes, Slice bounds, Clip bounds, Pad pads), Softmax's pre-13 flattening, legacy
 models that list initializers as graph inputs are handled as ONNX Runtime does: an input with an
 initializer is a constant. ``dim_param`` axes become symbols. External data files are read from
 beside the model.
+
+Hostile files end in a ``OneModelError``: a model must have a graph with outputs, its node count
+is bounded (``ONEMODEL_MAX_NODES``) before conversion, every tensor's dtype and data length are
+checked before it is decoded, text must be UTF-8, constants built from a shape are bounded
+(``ONEMODEL_MAX_CONSTANT_ELEMENTS``) before they are allocated, and the initializer checksum a
+OneModel export records is verified.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -19,9 +26,11 @@ from onemodel.runtime import Graph, Node, ValueInfo
 from onemodel.runtime.dims import parse_dim
 from onemodel.runtime.guards import METADATA_KEY, guards_from_json
 from onemodel.tensors import DimExpr, OneModelError
+from onemodel.tensors.fileio import load_limit
 from onemodel.tensors.ops import OPS
 
 from .dtypes import from_onnx
+from .integrity import KEY, initializers_crc
 
 
 class UnsupportedOpError(OneModelError):
@@ -33,23 +42,44 @@ _LEGACY = {"consumed_inputs", "is_test", "spatial", "saturate"}
 _REDUCE = {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"}
 
 
+class OnnxFormatError(OneModelError):
+    """An ONNX file is not a model OneModel can read: no graph, corrupt tensors, bad text..."""
+
+
 def load(path: str | os.PathLike) -> Graph:
     import onnx
 
     try:
         model = onnx.load(str(path), load_external_data=True)
     except Exception as exc:
-        raise OneModelError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") \
-            from None
-    return from_model(model, Path(path).stem)
+        raise OnnxFormatError(f"{path}: not a readable ONNX model ({type(exc).__name__}: "
+                              f"{exc})") from None
+    try:
+        return from_model(model, Path(path).stem)
+    except OneModelError as exc:
+        raise type(exc)(f"{path}: {exc}") from None
 
 
 def from_model(model, name: str = "graph") -> Graph:
-    from onnx import numpy_helper
-
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    """Convert a parsed ``onnx.ModelProto``; every problem is a ``OneModelError``."""
+    if not model.HasField("graph"):
+        raise OnnxFormatError("not an ONNX model: it has no graph (an empty or foreign file?)")
     g = model.graph
-    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    if not g.output:
+        raise OnnxFormatError(f"the graph {_text(g.name, 'the graph name')!r} has no outputs")
+    limit = load_limit("NODES")
+    if len(g.node) > limit:
+        raise OnnxFormatError(f"the graph has {len(g.node)} nodes, more than the limit of "
+                              f"{limit}; raise ONEMODEL_MAX_NODES if this model is genuine")
+    opset = next((o.version for o in model.opset_import
+                  if _text(o.domain, "an opset domain") in ("", "ai.onnx")), 0)
+    inits = {}
+    for t in g.initializer:
+        tname = _text(t.name, "an initializer name")
+        inits[tname] = _to_array(t, f"initializer {tname!r}")
+    meta = {_text(p.key, "a metadata key"): _text(p.value, f"metadata {p.key!r}")
+            for p in model.metadata_props}
+    _verify_checksum(meta, inits)
     counter = [0]
 
     def fresh(base):
@@ -63,11 +93,10 @@ def from_model(model, name: str = "graph") -> Graph:
             continue  # IR < 4: an initializer listed as an input is a constant (as in ORT)
         inputs.append(_value_info(v, unknown))
     outputs = [_value_info(v, unknown) for v in g.output]
-    graph = Graph(inputs, outputs, [], {}, {p.key: p.value for p in model.metadata_props},
-                  g.name or name)
-    graph.metadata.setdefault("producer", model.producer_name)
+    graph = Graph(inputs, outputs, [], {}, meta, _text(g.name, "the graph name") or name)
+    graph.metadata.setdefault("producer", _text(model.producer_name, "the producer name"))
     for k, arr in inits.items():
-        graph.initializers[k] = _supported(arr, k)
+        graph.initializers[k] = arr
     for node in g.node:
         _convert(node, opset, graph, fresh)
     graph.guards = guards_from_json(graph.metadata.pop(METADATA_KEY, "[]"))
@@ -75,43 +104,104 @@ def from_model(model, name: str = "graph") -> Graph:
     return graph
 
 
-def _supported(arr: np.ndarray, name: str) -> np.ndarray:
-    from onemodel.tensors import DType
+def _text(value, what: str) -> str:
+    """A protobuf string field; proto2 hands back bytes when they are not valid UTF-8."""
+    if isinstance(value, bytes):
+        raise OnnxFormatError(f"{what} is not valid UTF-8 text ({value[:40]!r})")
+    return value
 
-    DType.from_numpy(arr.dtype)
+
+def _to_array(t, what: str) -> np.ndarray:
+    """Decode a TensorProto after checking its dtype, dims and data length (no large allocation
+    happens before the length is known to match)."""
+    from onnx import TensorProto, numpy_helper
+
+    dtype = from_onnx(t.data_type, what)
+    dims = list(t.dims)
+    if any(d < 0 for d in dims):
+        raise OnnxFormatError(f"{what} has a negative dimension {dims}")
+    count = math.prod(dims)
+    if t.data_location == TensorProto.EXTERNAL:
+        raise OnnxFormatError(f"{what} has external data that was not loaded (load the model "
+                              "from its file, beside its data files)")
+    if t.HasField("raw_data"):
+        if len(t.raw_data) != count * dtype.itemsize:
+            raise OnnxFormatError(f"{what} holds {len(t.raw_data)} bytes, its shape {dims} and "
+                                  f"dtype {dtype.name} need {count * dtype.itemsize}")
+    else:
+        stored = max(len(t.float_data), len(t.int32_data), len(t.int64_data),
+                     len(t.double_data), len(t.uint64_data))
+        if stored != count:
+            raise OnnxFormatError(f"{what} holds {stored} values, its shape {dims} needs {count}")
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as exc:  # onnx raises assorted types on malformed tensors
+        raise OnnxFormatError(f"{what} cannot be decoded ({type(exc).__name__}: {exc})") \
+            from None
+    if arr.dtype != dtype.numpy or arr.shape != tuple(dims):
+        raise OnnxFormatError(f"{what} decodes to {arr.dtype}{list(arr.shape)}, not "
+                              f"{dtype.name}{dims}")
     return arr
 
 
+def _verify_checksum(meta: dict, inits: dict) -> None:
+    """Check (and drop from the metadata) the initializer checksum OneModel's export records."""
+    expected = meta.pop(KEY, None)
+    if expected is None:
+        return
+    actual = initializers_crc(inits.items())
+    if actual != expected.strip().lower():
+        raise OnnxFormatError(
+            f"corrupt: the initializers do not match the checksum OneModel recorded when it "
+            f"wrote this file (metadata {KEY} = {expected}, the weights give {actual}); the "
+            f"file was damaged, or a tool changed the weights and kept that entry (remove the "
+            f"entry to load such a file)")
+
+
 def _value_info(v, unknown) -> ValueInfo:
+    name = _text(v.name, "a graph input or output name")
     t = v.type.tensor_type
-    dtype = from_onnx(t.elem_type, f"value {v.name!r}")
+    dtype = from_onnx(t.elem_type, f"value {name!r}")
     dims = []
     for d in t.shape.dim:
-        if d.HasField("dim_value"):
+        if d.HasField("dim_value") and d.dim_value >= 0:
             dims.append(int(d.dim_value))
         elif d.HasField("dim_param") and d.dim_param:
+            text = _text(d.dim_param, f"a dimension name of {name!r}")
             try:
-                dims.append(parse_dim(d.dim_param))
+                dims.append(parse_dim(text))
             except OneModelError:
-                dims.append(DimExpr.symbol(d.dim_param.replace(" ", "_")))
-        else:
+                dims.append(DimExpr.symbol(text.replace(" ", "_")))
+        else:  # no size, or a negative one (exporters write -1 for "unknown")
             unknown[0] += 1
             dims.append(DimExpr.symbol(f"unk__{unknown[0]}"))
-    return ValueInfo(v.name, dtype, tuple(dims))
+    return ValueInfo(name, dtype, tuple(dims))
 
 
-def _attrs(node) -> dict:
+def _attrs(node, label: str) -> dict:
     from onnx import helper
 
     out = {}
     for a in node.attribute:
-        v = helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode()
-        elif isinstance(v, list):
-            v = tuple(x.decode() if isinstance(x, bytes) else x for x in v)
-        out[a.name] = v
+        key = _text(a.name, f"{label}: an attribute name")
+        try:
+            v = helper.get_attribute_value(a)
+            if isinstance(v, bytes):
+                v = v.decode()
+            elif isinstance(v, list):
+                v = tuple(x.decode() if isinstance(x, bytes) else x for x in v)
+        except (UnicodeDecodeError, ValueError, TypeError) as exc:
+            raise OnnxFormatError(f"{label}: attribute {key!r} cannot be read "
+                                  f"({type(exc).__name__}: {exc})") from None
+        out[key] = v
     return out
+
+
+def _need(inputs: list[str], count: int, label: str, op: str) -> None:
+    """Adapters read inputs by position: refuse a node that lacks them first."""
+    if len(inputs) < count or not all(inputs[:count]):
+        raise OnnxFormatError(f"{label}: {op} needs {count} input(s), the node gives "
+                              f"{[i for i in inputs if i] or 'none'}")
 
 
 def _const(graph: Graph, fresh, values, dtype=np.int64) -> str:
@@ -121,63 +211,111 @@ def _const(graph: Graph, fresh, values, dtype=np.int64) -> str:
 
 
 def _convert(node, opset: int, graph: Graph, fresh) -> None:
-    from onnx import numpy_helper
-
-    op, domain = node.op_type, node.domain or "ai.onnx"
-    attrs = _attrs(node)
-    inputs, outputs = list(node.input), list(node.output)
-    label = f"node {node.name or '?'} ({op}, domain {domain}, opset {opset})"
+    op = _text(node.op_type, "an op type")
+    domain = _text(node.domain, f"the domain of a {op} node") or "ai.onnx"
+    label = (f"node {_text(node.name, f'the name of a {op} node') or '?'} ({op}, domain "
+             f"{domain}, opset {opset})")
+    inputs = [_text(i, f"{label}: an input name") for i in node.input]
+    outputs = [_text(o, f"{label}: an output name") for o in node.output]
     if domain not in ("ai.onnx", ""):
         raise UnsupportedOpError(f"{label}: domain {domain!r} is not supported")
+    attrs = _attrs(node, label)
+    try:
+        _convert_node(node, op, label, inputs, outputs, attrs, opset, graph, fresh)
+    except OneModelError:
+        raise
+    except (IndexError, KeyError, ValueError, TypeError, AttributeError, ArithmeticError) as exc:
+        # a malformed node that no specific check above caught: still name it
+        raise OnnxFormatError(f"{label}: malformed node ({type(exc).__name__}: {exc})") \
+            from None
+
+
+def _constant(node, label: str, attrs: dict) -> np.ndarray:
+    if len(attrs) != 1:
+        raise OnnxFormatError(f"{label}: a Constant needs exactly one value attribute, it has "
+                              f"{len(attrs)} ({', '.join(attrs) or 'none'})")
+    (key, value), = attrs.items()
+    if key == "value":
+        return _to_array(node.attribute[0].t, f"{label} value")
+    if key in ("value_float", "value_floats"):
+        return np.asarray(value, np.float32)
+    if key in ("value_int", "value_ints"):
+        return np.asarray(value, np.int64)
+    raise UnsupportedOpError(f"{label}: Constant with {key} is not supported")
+
+
+def _constant_of_shape(node, label: str, inputs, outputs, attrs, graph: Graph) -> None:
+    """Folded on import when its shape is a constant (weights of the model-zoo files); the
+    element count is checked against ONEMODEL_MAX_CONSTANT_ELEMENTS before allocating."""
+    _need(inputs, 1, label, "ConstantOfShape")
+    if inputs[0] not in graph.initializers:
+        raise UnsupportedOpError(f"{label}: ConstantOfShape of a shape known only at run time "
+                                 "is not supported")
+    if set(attrs) - {"value"}:
+        raise UnsupportedOpError(f"{label}: attribute {sorted(set(attrs) - {'value'})[0]!r} of "
+                                 "ConstantOfShape is not supported")
+    value = (_to_array(node.attribute[0].t, f"{label} value") if attrs
+             else np.zeros(1, np.float32))
+    if value.size != 1:
+        raise OnnxFormatError(f"{label}: the value of a ConstantOfShape must hold one element, "
+                              f"it holds {value.size}")
+    dims = graph.initializers[inputs[0]]
+    if dims.ndim != 1 or dims.dtype.kind not in "iu" or (dims < 0).any():
+        raise OnnxFormatError(f"{label}: the shape of a ConstantOfShape must be a 1-D tensor of "
+                              f"non-negative integers, got {dims.dtype}{list(dims.shape)}")
+    shape = tuple(int(d) for d in dims)
+    count, limit = math.prod(shape), load_limit("CONSTANT_ELEMENTS")
+    if count > limit:
+        raise OnnxFormatError(f"{label}: ConstantOfShape{list(shape)} would build {count} "
+                              f"elements, more than the limit of {limit}; raise "
+                              "ONEMODEL_MAX_CONSTANT_ELEMENTS if this model is genuine")
+    graph.initializers[outputs[0]] = np.full(shape, value.reshape(-1)[0], value.dtype)
+
+
+def _convert_node(node, op, label, inputs, outputs, attrs, opset, graph: Graph, fresh) -> None:
+    if not outputs or not outputs[0]:
+        raise OnnxFormatError(f"{label}: the node has no output")
     if op == "Constant":
-        (key, value), = attrs.items()
-        if key == "value":
-            arr = numpy_helper.to_array(node.attribute[0].t)
-        elif key in ("value_float", "value_floats"):
-            arr = np.asarray(value, np.float32)
-        elif key in ("value_int", "value_ints"):
-            arr = np.asarray(value, np.int64)
-        else:
-            raise UnsupportedOpError(f"{label}: Constant with {key} is not supported")
-        graph.initializers[outputs[0]] = _supported(arr, outputs[0])
+        graph.initializers[outputs[0]] = _constant(node, label, attrs)
         return
     if op == "ConstantOfShape":
-        # folded on import when its shape is a constant (weights of the model-zoo files)
-        if inputs[0] not in graph.initializers:
-            raise UnsupportedOpError(f"{label}: ConstantOfShape of a shape known only at run "
-                                     "time is not supported")
-        value = (numpy_helper.to_array(node.attribute[0].t) if node.attribute
-                 else np.zeros(1, np.float32))
-        shape = tuple(int(d) for d in graph.initializers[inputs[0]].reshape(-1))
-        graph.initializers[outputs[0]] = np.full(shape, value.reshape(-1)[0], value.dtype)
+        _constant_of_shape(node, label, inputs, outputs, attrs, graph)
         return
     for k in list(attrs):
         if k in _LEGACY:
             del attrs[k]
     # attribute forms of older opsets -> the input forms of opset 18
     if (op in _REDUCE and "axes" in attrs) or (op in ("Squeeze", "Unsqueeze") and "axes" in attrs):
+        _need(inputs, 1, label, op)
         inputs = [inputs[0], _const(graph, fresh, attrs.pop("axes"))]
     elif op == "Split" and "split" in attrs:
+        _need(inputs, 1, label, op)
         inputs = [inputs[0], _const(graph, fresh, attrs.pop("split"))]
     elif op == "Split" and len(inputs) < 2 and "num_outputs" not in attrs:
         attrs["num_outputs"] = len(outputs)
     elif op == "Slice" and "starts" in attrs:
+        _need(inputs, 1, label, op)
+        if "ends" not in attrs:
+            raise OnnxFormatError(f"{label}: a Slice with a 'starts' attribute needs 'ends'")
         names = [_const(graph, fresh, attrs.pop("starts")), _const(graph, fresh, attrs.pop("ends"))]
         if "axes" in attrs:
             names.append(_const(graph, fresh, attrs.pop("axes")))
         inputs = [inputs[0], *names]
     elif op == "Clip" and ("min" in attrs or "max" in attrs):
+        _need(inputs, 1, label, op)
         lo = attrs.pop("min", None)
         hi = attrs.pop("max", None)
         inputs = [inputs[0], "" if lo is None else _const(graph, fresh, lo, np.float32),
                   "" if hi is None else _const(graph, fresh, hi, np.float32)]
     elif op == "Pad" and "pads" in attrs:
+        _need(inputs, 1, label, op)
         value = attrs.pop("value", 0.0)
         inputs = [inputs[0], _const(graph, fresh, attrs.pop("pads")),
                   _const(graph, fresh, value, np.float32)]
     elif op == "Dropout" and opset < 12:
         attrs.pop("ratio", None)
     elif op in ("Softmax", "LogSoftmax") and opset < 13:
+        _need(inputs, 1, label, op)
         _old_softmax(op, inputs[0], outputs[0], attrs.get("axis", 1), graph, fresh, node.name)
         return
     elif op == "Upsample" or op == "Resize":
@@ -189,6 +327,8 @@ def _convert(node, opset: int, graph: Graph, fresh) -> None:
     if extra:
         raise UnsupportedOpError(f"{label}: attribute {extra[0]!r} of {op} is not supported")
     if op == "Cast":
+        if "to" not in attrs:
+            raise OnnxFormatError(f"{label}: a Cast needs its 'to' attribute")
         attrs["to"] = from_onnx(attrs["to"], f"{label} 'to'")
     for k, v in attrs.items():
         if isinstance(v, list):
