@@ -28,24 +28,31 @@ def first_difference(first: Graph, first_locs: Sequence[str], second: Graph,
                      second_locs: Sequence[str], params: set[str]) -> Difference | None:
     """The first structural difference between two traces of one function, or None.
 
-    Nodes are compared in order (op, inputs, outputs, attributes); then the constants made during
-    the trace (``params`` are the module's parameters, the same objects in both traces), the
-    outputs and the guards."""
+    Nodes are compared in order (op, inputs, attributes; not their output names, since a graph
+    output takes over the name of the value it is); then the constants made during the trace
+    (``params`` are the module's parameters, the same objects in both traces), which nodes
+    compute the outputs, and the guards."""
     n1, n2 = first.nodes, second.nodes
     for i in range(max(len(n1), len(n2))):
         a = n1[i] if i < len(n1) else None
         b = n2[i] if i < len(n2) else None
-        if a is not None and b is not None and (a.op, a.inputs, a.outputs, a.attrs) == (
-                b.op, b.inputs, b.outputs, b.attrs):
+        if a is not None and b is not None and (a.op, a.inputs, len(a.outputs), a.attrs) == (
+                b.op, b.inputs, len(b.outputs), b.attrs):
             continue
         la = first_locs[i] if a is not None and i < len(first_locs) else ""
         lb = second_locs[i] if b is not None and i < len(second_locs) else ""
         return Difference(f"{_describe(a, la, 'first')}; {_describe(b, lb, 'second')}", la, lb)
-    diff = _constants(first.initializers, second.initializers, params)
+    diff, name = _constants(first.initializers, second.initializers, params)
     if diff:
-        return Difference(diff, "", "")
-    o1 = [(v.name, v.dtype, tuple(map(str, v.shape))) for v in first.outputs]
-    o2 = [(v.name, v.dtype, tuple(map(str, v.shape))) for v in second.outputs]
+        users = [i for i, n in enumerate(n1) if name in n.inputs]
+        where = first_locs[users[0]] if users and users[0] < len(first_locs) else ""
+        if where:
+            diff += f", read by node {n1[users[0]].name} made at {where}"
+        return Difference(diff, where, "")
+    o1 = [(v.name, v.dtype, tuple(map(str, v.shape)), _producer(first, v.name))
+          for v in first.outputs]
+    o2 = [(v.name, v.dtype, tuple(map(str, v.shape)), _producer(second, v.name))
+          for v in second.outputs]
     if o1 != o2:
         return Difference(f"the outputs differ: {_outs(first)} in the first, {_outs(second)} in "
                           "the second", "", "")
@@ -67,21 +74,27 @@ def _describe(node, location: str, which: str) -> str:
 
 
 def _constants(c1: Mapping[str, np.ndarray], c2: Mapping[str, np.ndarray],
-               params: set[str]) -> str:
+               params: set[str]) -> tuple[str, str]:
+    """A description of the first constant that differs, and its name."""
     if list(c1) != list(c2):
         extra = sorted(set(c1) ^ set(c2))
-        return f"the constants differ ({', '.join(extra) or 'order'})"
+        return f"the constants differ ({', '.join(extra) or 'order'})", (extra or [""])[0]
     for name, a in c1.items():
         if name in params:
             continue
         b = c2[name]
         if a.shape != b.shape or a.dtype != b.dtype:
-            return (f"constant {name} has shape {list(a.shape)} in the first and {list(b.shape)} "
-                    "in the second (a tensor made with a size that was frozen)")
+            return (f"constant {name} has shape {list(a.shape)} in the first and "
+                    f"{list(b.shape)} in the second (a tensor made with a size that was frozen)",
+                    name)
         if not np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"):
-            return (f"constant {name} holds different values in the two traces (computed from a "
-                    "size, or drawn at random in forward)")
-    return ""
+            return (f"constant {name} holds different values in the two traces (computed from "
+                    "a size, or drawn at random in forward)", name)
+    return "", ""
+
+
+def _producer(g: Graph, name: str) -> int:
+    return next((i for i, n in enumerate(g.nodes) if name in n.outputs), -1)
 
 
 def _outs(g: Graph) -> str:
