@@ -26,56 +26,80 @@ def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols):
         c = r // kk
         i = (r % kk) // kw
         j = r % kw
+        off = j * dw - pw
+        # output columns whose input column lies inside the image: [lo, hi)
+        lo = 0
+        while lo < ow and lo * sw + off < 0:
+            lo += 1
+        hi = ow
+        while hi > lo and (hi - 1) * sw + off >= w:
+            hi -= 1
+        row = cols[r]
         for y in range(oh):
             iy = y * sh - ph + i * dh
-            base = y * ow
-            if iy < 0 or iy >= h:
-                for xo in range(ow):
-                    cols[r, base + xo] = 0
+            seg = row[y * ow:(y + 1) * ow]
+            if iy < 0 or iy >= h or lo >= hi:
+                seg[:] = 0
                 continue
-            for xo in range(ow):
-                ix = xo * sw - pw + j * dw
-                if 0 <= ix < w:
-                    cols[r, base + xo] = x[c, iy, ix]
-                else:
-                    cols[r, base + xo] = 0
+            seg[:lo] = 0
+            seg[hi:] = 0
+            src = x[c, iy]
+            if sw == 1:
+                seg[lo:hi] = src[lo + off:hi + off]
+            else:
+                part = seg[lo:hi]
+                first = lo * sw + off
+                for q in range(hi - lo):
+                    part[q] = src[first + q * sw]
 
 
 @jit(parallel=True)
 def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, out):
-    """out[n, m] = sum_ij x[n, m // mult, ...] * wt[m, 0, i, j]: one input channel per group."""
+    """out[n, m] = sum_ij x[n, m // mult, ...] * wt[m, 0, i, j]: one input channel per group.
+
+    Each channel is copied into a zero-padded buffer (one per block of channels, its border
+    zeroed once). At stride 1 every tap is then one long contiguous multiply-add over the whole
+    padded-width plane (the columns past the output's width are computed and dropped), which
+    vectorizes where short per-row loops would not."""
     n_img, m_out, oh, ow = out.shape
     h, w = x.shape[2], x.shape[3]
     kh, kw = wt.shape[2], wt.shape[3]
-    for t in prange(n_img * m_out):
-        n = t // m_out
-        m = t % m_out
-        src = x[n, m // mult]
-        dst = out[n, m]
-        dst[:, :] = 0
-        for j in range(kw):
-            off = j * dw - pw
-            # the output columns whose input column lies inside the image
-            lo = 0
-            while lo < ow and lo * sw + off < 0:
-                lo += 1
-            hi = ow
-            while hi > lo and (hi - 1) * sw + off >= w:
-                hi -= 1
-            for i in range(kh):
-                wv = wt[m, 0, i, j]
+    hp = max((oh - 1) * sh + (kh - 1) * dh + 1, ph + h) + 1  # one spare row for the overrun
+    wp = max((ow - 1) * sw + (kw - 1) * dw + 1, pw + w)
+    total = n_img * m_out
+    block = 16
+    plane = oh * wp
+    for b in prange((total + block - 1) // block):
+        buf = np.zeros((hp, wp), x.dtype)
+        flat = buf.reshape(hp * wp)
+        acc = np.empty(plane, x.dtype)
+        for t in range(b * block, min(total, (b + 1) * block)):
+            n = t // m_out
+            m = t % m_out
+            buf[ph:ph + h, pw:pw + w] = x[n, m // mult]
+            dst = out[n, m]
+            if sh == 1 and sw == 1:
+                acc[:] = 0
+                for i in range(kh):
+                    for j in range(kw):
+                        wv = wt[m, 0, i, j]
+                        start = i * dh * wp + j * dw
+                        tap = flat[start:start + plane]  # a view: q >= 0, so no index wrap
+                        for q in range(plane):
+                            acc[q] += wv * tap[q]
                 for y in range(oh):
-                    iy = y * sh - ph + i * dh
-                    if iy < 0 or iy >= h:
-                        continue
-                    srow = src[iy]
-                    drow = dst[y]
-                    if sw == 1:
-                        for xo in range(lo, hi):
-                            drow[xo] += wv * srow[xo + off]
-                    else:
-                        for xo in range(lo, hi):
-                            drow[xo] += wv * srow[xo * sw + off]
+                    dst[y, :] = acc[y * wp:y * wp + ow]
+                continue
+            for y in range(oh):
+                drow = dst[y]
+                drow[:] = 0
+                for i in range(kh):
+                    brow = buf[y * sh + i * dh]
+                    for j in range(kw):
+                        wv = wt[m, 0, i, j]
+                        off = j * dw
+                        for xo in range(ow):
+                            drow[xo] += wv * brow[xo * sw + off]
 
 
 @jit(parallel=True)

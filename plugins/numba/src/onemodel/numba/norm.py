@@ -1,0 +1,135 @@
+"""Normalizations (float32/float64): batch normalization with running statistics, layer and
+RMS normalization over the last axis, and LRN across channels. One pass per row or plane with
+float64 accumulators, where numpy makes a temporary per arithmetic step."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from numba import prange
+
+from ._jit import jit, sync_threads
+
+
+@jit(parallel=True)
+def _affine_planes(x, mul, add, out):
+    """out[n, c, :] = x[n, c, :] * mul[c] + add[c]."""
+    n_img, ch, length = x.shape
+    for t in prange(n_img * ch):
+        c = t % ch
+        a = mul[c]
+        b = add[c]
+        src = x[t // ch, c]
+        dst = out[t // ch, c]
+        for q in range(length):
+            dst[q] = src[q] * a + b
+
+
+@jit(parallel=True)
+def _layer_norm(x, scale, bias, has_bias, eps, rms, out, mean_out, inv_out):
+    rows, width = x.shape
+    for r in prange(rows):
+        row = x[r]
+        mean = 0.0
+        if not rms:
+            for q in range(width):
+                mean += row[q]
+            mean /= width
+        var = 0.0
+        for q in range(width):
+            d = row[q] - mean
+            var += d * d
+        inv = 1.0 / math.sqrt(var / width + eps)
+        dst = out[r]
+        for q in range(width):
+            v = (row[q] - mean) * inv * scale[q]
+            if has_bias:
+                v += bias[q]
+            dst[q] = v
+        mean_out[r] = mean
+        inv_out[r] = inv
+
+
+@jit(parallel=True)
+def _lrn(x, alpha, beta, bias, size, out):
+    n_img, ch, length = x.shape
+    before = (size - 1) // 2
+    after = size // 2
+    for t in prange(n_img * ch):
+        n = t // ch
+        c = t % ch
+        lo = max(0, c - before)
+        hi = min(ch, c + after + 1)
+        acc = np.zeros(length)
+        for k in range(lo, hi):
+            src = x[n, k]
+            for q in range(length):
+                v = np.float64(src[q])
+                acc[q] += v * v
+        src = x[n, c]
+        dst = out[n, c]
+        scale = alpha / size
+        for q in range(length):
+            dst[q] = src[q] / (bias + scale * acc[q]) ** beta
+
+
+def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
+                        training_mode=0):
+    sync_threads()
+    X = np.ascontiguousarray(X)
+    inv = 1.0 / np.sqrt(input_var.astype(np.float64) + epsilon)
+    mul = (scale * inv.astype(X.dtype)).astype(X.dtype)
+    add = (B - input_mean * mul).astype(X.dtype)
+    out = np.empty_like(X)
+    n, c = X.shape[:2]
+    _affine_planes(X.reshape(n, c, -1), mul, add, out.reshape(n, c, -1))
+    return out
+
+
+def _rows(X, axis):
+    a = axis % X.ndim
+    return a, int(np.prod(X.shape[:a], dtype=np.int64))
+
+
+def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+    sync_threads()
+    X = np.ascontiguousarray(X)
+    a, rows = _rows(X, axis)
+    width = X.size // max(rows, 1) if rows else 0
+    scale = np.ascontiguousarray(np.broadcast_to(Scale, X.shape[a:]), X.dtype).reshape(-1)
+    bias = scale[:0] if B is None else np.ascontiguousarray(
+        np.broadcast_to(B, X.shape[a:]), X.dtype).reshape(-1)
+    out = np.empty_like(X)
+    stash = np.float32 if stash_type == 1 else X.dtype
+    mean = np.empty(rows, np.float64)
+    inv = np.empty(rows, np.float64)
+    _layer_norm(X.reshape(rows, width), scale, bias, B is not None, float(epsilon), False,
+                out.reshape(rows, width), mean, inv)
+    stats = X.shape[:a] + (1,) * (X.ndim - a)
+    return out, mean.astype(stash).reshape(stats), inv.astype(stash).reshape(stats)
+
+
+def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
+    sync_threads()
+    X = np.ascontiguousarray(X)
+    a, rows = _rows(X, axis)
+    width = X.size // max(rows, 1) if rows else 0
+    sc = np.ascontiguousarray(np.broadcast_to(scale, X.shape[a:]), X.dtype).reshape(-1)
+    out = np.empty_like(X)
+    mean = np.empty(rows, np.float64)
+    inv = np.empty(rows, np.float64)
+    _layer_norm(X.reshape(rows, width), sc, sc[:0], False, float(epsilon), True,
+                out.reshape(rows, width), mean, inv)
+    return out
+
+
+def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
+    sync_threads()
+    X = np.ascontiguousarray(X)
+    out = np.empty_like(X)
+    n, c = X.shape[:2]
+    _lrn(X.reshape(n, c, -1), float(alpha), float(beta), float(bias), int(size),
+         out.reshape(n, c, -1))
+    return out
