@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from runtime_graphs import f32
 
-from onemodel.runtime import GraphBuilder, Node, Session, ValueInfo
+from onemodel.runtime import ExecutionError, GraphBuilder, Node, Session, ValueInfo
 from onemodel.runtime.passes import PassManager
 from onemodel.runtime.session import default_passes
 from onemodel.tensors import DType, OneModelError
@@ -86,6 +86,7 @@ def test_kernel_failures_name_the_node(case, optimize):
     s = Session(graph, optimize=optimize)
     with pytest.raises(OneModelError, match=message) as info:
         s.run(feeds)
+    assert isinstance(info.value, ExecutionError)
     assert info.value.__cause__ is not None  # the kernel's own error stays attached
     # the session still serves good requests afterwards
     good = {k: np.zeros_like(v) if v.dtype.kind == "i" else v for k, v in feeds.items()}

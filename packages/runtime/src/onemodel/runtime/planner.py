@@ -88,17 +88,25 @@ class Plan:
     def _owned(self, results: list, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``results`` as arrays the caller owns: a result on the memory of an input, of a
         constant, or of an earlier result (a view, or the array itself) is copied."""
-        taken = set(self.const_roots)
-        taken.update(id(memory_root(a)) for a in arrays)
+        consts = self.const_roots
+        fed = None
+        seen: set[int] = set()
         owned = []
         for value in results:
             if not isinstance(value, np.ndarray):
                 value = np.array(value)  # a numpy scalar from a kernel: a new 0-d array
-            root = memory_root(value)
-            if root is None or id(root) in taken:
+            if value.base is None:  # owns its memory: the common case, a kernel's new array
+                root = value
+                shared = any(value is a or value is a.base for a in arrays)
+            else:
+                root = memory_root(value)
+                if fed is None:
+                    fed = {id(memory_root(a)) for a in arrays}
+                shared = root is None or id(root) in fed
+            if shared or id(root) in consts or id(root) in seen:
                 value = value.copy()
                 root = value
-            taken.add(id(root))
+            seen.add(id(root))
             owned.append(value)
         return owned
 
