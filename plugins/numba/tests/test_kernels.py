@@ -68,6 +68,13 @@ CASES = [
     ("Softmax", [(4, 3, 37)], {}),
     ("Softmax", [(6, 11)], dict(axis=1)),
     ("LogSoftmax", [(4, 3, 37)], dict(axis=-1)),
+    # empty batches
+    ("Conv", [(0, 4, 5, 5), (3, 4, 3, 3), (3,)], dict(pads=(1, 1, 1, 1))),
+    ("MaxPool", [(0, 2, 6, 6)], dict(kernel_shape=(2, 2), strides=(2, 2))),
+    ("BatchNormalization", [(0, 4, 5, 5), (4,), (4,), (4,), ("pos", 4)], {}),
+    ("LRN", [(0, 4, 3, 3)], dict(size=3)),
+    ("LayerNormalization", [(0, 6), (6,), (6,)], {}),
+    ("Softmax", [(0, 5)], {}),
 ]
 
 

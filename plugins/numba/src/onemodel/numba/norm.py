@@ -83,21 +83,24 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, mom
     mul = (scale * inv.astype(X.dtype)).astype(X.dtype)
     add = (B - input_mean * mul).astype(X.dtype)
     out = np.empty_like(X)
-    n, c = X.shape[:2]
-    _affine_planes(X.reshape(n, c, -1), mul, add, out.reshape(n, c, -1))
+    _affine_planes(_planes(X), mul, add, _planes(out))
     return out
+
+
+def _planes(X):
+    """(N, C, everything else) without -1, so empty batches reshape too."""
+    return X.reshape(X.shape[0], X.shape[1], int(np.prod(X.shape[2:], dtype=np.int64)))
 
 
 def _rows(X, axis):
     a = axis % X.ndim
-    return a, int(np.prod(X.shape[:a], dtype=np.int64))
+    return a, int(np.prod(X.shape[:a], dtype=np.int64)), int(np.prod(X.shape[a:], dtype=np.int64))
 
 
 def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     sync_threads()
     X = np.ascontiguousarray(X)
-    a, rows = _rows(X, axis)
-    width = X.size // max(rows, 1) if rows else 0
+    a, rows, width = _rows(X, axis)
     scale = np.ascontiguousarray(np.broadcast_to(Scale, X.shape[a:]), X.dtype).reshape(-1)
     bias = scale[:0] if B is None else np.ascontiguousarray(
         np.broadcast_to(B, X.shape[a:]), X.dtype).reshape(-1)
@@ -114,8 +117,7 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
 def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     sync_threads()
     X = np.ascontiguousarray(X)
-    a, rows = _rows(X, axis)
-    width = X.size // max(rows, 1) if rows else 0
+    a, rows, width = _rows(X, axis)
     sc = np.ascontiguousarray(np.broadcast_to(scale, X.shape[a:]), X.dtype).reshape(-1)
     out = np.empty_like(X)
     mean = np.empty(rows, np.float64)
@@ -129,7 +131,5 @@ def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
     sync_threads()
     X = np.ascontiguousarray(X)
     out = np.empty_like(X)
-    n, c = X.shape[:2]
-    _lrn(X.reshape(n, c, -1), float(alpha), float(beta), float(bias), int(size),
-         out.reshape(n, c, -1))
+    _lrn(_planes(X), float(alpha), float(beta), float(bias), int(size), _planes(out))
     return out

@@ -214,11 +214,15 @@ def average_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, count_include_pa
     return dx
 
 
+def _rows(X):
+    return X.reshape(X.shape[0] * X.shape[1], int(np.prod(X.shape[2:], dtype=np.int64)))
+
+
 def global_average_pool(X):
     sync_threads()
     X = np.ascontiguousarray(X)
     out = np.empty(X.shape[:2], X.dtype)
-    _global(X.reshape(X.shape[0] * X.shape[1], -1), False, out.reshape(-1))
+    _global(_rows(X), False, out.reshape(-1))
     return out.reshape(*X.shape[:2], *([1] * (X.ndim - 2)))
 
 
@@ -226,5 +230,5 @@ def global_max_pool(X):
     sync_threads()
     X = np.ascontiguousarray(X)
     out = np.empty(X.shape[:2], X.dtype)
-    _global(X.reshape(X.shape[0] * X.shape[1], -1), True, out.reshape(-1))
+    _global(_rows(X), True, out.reshape(-1))
     return out.reshape(*X.shape[:2], *([1] * (X.ndim - 2)))
