@@ -22,8 +22,8 @@ def _nll_out_of_range():
     t = b.input("target", DType.I64, ("n",))
     b.output(b.op("NegativeLogLikelihoodLoss", x, t, name="nll"), "loss")
     feeds = {"scores": np.zeros((2, 3), np.float32), "target": np.array([1, 5])}
-    return b.build(), feeds, r"node nll \(NegativeLogLikelihoodLoss\) failed: IndexError: .*" \
-                            r"\(inputs: F32\[2, 3\], I64\[2\]\)"
+    return b.build(), feeds, r"node nll \(NegativeLogLikelihoodLoss\) failed: target values must " \
+                            r"be class indices in \[0, 3\); got 5 \(inputs: F32\[2, 3\], I64\[2\]\)"
 
 
 def _sce_out_of_range():
@@ -32,7 +32,7 @@ def _sce_out_of_range():
     t = b.input("target", DType.I64, ("n",))
     b.output(b.op("SoftmaxCrossEntropyLoss", x, t, name="sce"), "loss")
     feeds = {"scores": np.zeros((2, 3), np.float32), "target": np.array([-7, 0])}
-    return b.build(), feeds, r"node sce \(SoftmaxCrossEntropyLoss\) failed: IndexError"
+    return b.build(), feeds, r"node sce \(SoftmaxCrossEntropyLoss\) failed: target values must be"
 
 
 def _ctc_too_long():
@@ -44,7 +44,7 @@ def _ctc_too_long():
     b.output(b.op("CTCLoss", lp, t, il, tl, name="ctc"), "loss")
     feeds = {"log_probs": np.full((4, 1, 3), -1.1, np.float32), "targets": np.array([[1, 9]]),
              "input_lengths": np.array([4]), "target_lengths": np.array([2])}
-    return b.build(), feeds, r"node ctc \(CTCLoss\) failed: IndexError"
+    return b.build(), feeds, r"node ctc \(CTCLoss\) failed: target labels must be in \[0, 3\)"
 
 
 def _layer_norm_scale():
@@ -177,3 +177,40 @@ def test_shape_arithmetic_on_bad_constants_names_the_node(case):
 def test_shape_arithmetic_the_value_shortcut_cannot_follow_stays_unknown():
     specs = _shape_arithmetic("slice without axes").validate(allow_unknown=True)
     assert [s.shape for s in specs.values() if s is not None][-1] == (2,)
+
+
+def _loss_graph(op, *inputs, **attrs):
+    b = GraphBuilder()
+    names = [b.input(name, dt, tuple(f"{name}{k}" for k in range(rank)))
+             for name, dt, rank in inputs]
+    b.op(op, *names, name="loss", **attrs)
+    b.graph.outputs.append(ValueInfo(b.graph.nodes[-1].outputs[0], DType.F32, ()))
+    return b.graph
+
+
+NLL = ("NegativeLogLikelihoodLoss", ("x", DType.F32, 2), ("t", DType.I64, 1))
+CTC = ("CTCLoss", ("lp", DType.F32, 3), ("targets", DType.I64, 2), ("il", DType.I64, 1),
+       ("tl", DType.I64, 1))
+LP = np.log(np.full((4, 1, 3), 1 / 3, np.float32))
+
+
+@pytest.mark.parametrize("graph,feeds,message", [
+    # a negative class index used to wrap around to the last class, silently
+    (NLL, {"x": np.zeros((2, 3), np.float32), "t": np.array([0, -1])},
+     r"target values must be class indices in \[0, 3\).* got -1"),
+    (NLL + ({"ignore_index": 1},), {"x": np.zeros((2, 3), np.float32), "t": np.array([1, 3])},
+     r"target values must be class indices in \[0, 3\).* got 3"),
+    # a target length beyond the padded targets used to be cut short, silently
+    (CTC, {"lp": LP, "targets": np.array([[1, 2]]), "il": np.array([4]), "tl": np.array([3])},
+     r"target_lengths must be in \[0, 2\].* got 3"),
+    (CTC, {"lp": LP, "targets": np.array([[1, 2]]), "il": np.array([5]), "tl": np.array([2])},
+     r"input_lengths must be in \[1, 4\].* got 5"),
+    (CTC, {"lp": LP, "targets": np.array([[1, 7]]), "il": np.array([4]), "tl": np.array([2])},
+     r"target labels must be in \[0, 3\) and not the blank 0.* got 7"),
+], ids=["nll negative", "nll too big", "ctc target length", "ctc input length", "ctc label"])
+def test_loss_inputs_out_of_range_are_errors_not_silent(graph, feeds, message):
+    op, *inputs = graph
+    attrs = inputs.pop() if isinstance(inputs[-1], dict) else {}
+    s = Session(_loss_graph(op, *inputs, **attrs), optimize=False)
+    with pytest.raises(ExecutionError, match=rf"node loss \({op}\) failed: .*{message}"):
+        s.run(feeds)

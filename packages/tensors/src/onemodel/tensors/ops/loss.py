@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import OneModelError, ShapeError
 from ._grad import call
 from .base import TensorSpec, defop
 
@@ -15,6 +15,34 @@ def _ctc_shape(specs, *, blank=0, zero_infinity=0):
     if len(lp.shape) != 3:
         raise ShapeError("CTCLoss log_probs must be (T, N, C)")
     return TensorSpec((lp.shape[1],), lp.dtype)
+
+
+def _check_ctc(log_probs, targets, input_lengths, target_lengths, blank):
+    """Refuse lengths and labels out of range: they would index past the data or, for a target
+    length beyond the padded targets, silently cut the target short."""
+    steps, n, c = log_probs.shape
+    il = np.asarray(input_lengths).reshape(-1)
+    tl = np.asarray(target_lengths).reshape(-1)
+    if il.size != n or tl.size != n:
+        raise OneModelError(f"input_lengths and target_lengths need one entry per sample ({n}); "
+                            f"got {il.size} and {tl.size}")
+    bad = (il < 1) | (il > steps)
+    if bad.any():
+        raise OneModelError(f"input_lengths must be in [1, {steps}] (the time steps of log_probs);"
+                            f" got {int(il[bad][0])}")
+    room = targets.shape[1] if targets.ndim == 2 else targets.shape[0]
+    bad = (tl < 0) | (tl > room)
+    if bad.any():
+        raise OneModelError(f"target_lengths must be in [0, {room}] (the width of targets); got "
+                            f"{int(tl[bad][0])}")
+    if targets.ndim == 1 and int(tl.sum()) > room:
+        raise OneModelError(f"target_lengths add up to {int(tl.sum())}, but the concatenated "
+                            f"targets hold {room}")
+    used = np.concatenate([t for t in _targets(targets, tl, n)] or [np.zeros(0, np.int64)])
+    bad = (used < 0) | (used >= c) | (used == blank)
+    if bad.any():
+        raise OneModelError(f"target labels must be in [0, {c}) and not the blank {blank}; got "
+                            f"{int(used[bad][0])}")
 
 
 def _targets(targets, target_lengths, n):
@@ -77,6 +105,7 @@ def _ctc_grad(ctx, g):
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, *, blank=0, zero_infinity=0):
     """Per-sample negative log likelihood of ``targets`` under CTC (PyTorch's ctc_loss with
     reduction='none'); ``log_probs`` is (T, N, C)."""
+    _check_ctc(log_probs, targets, input_lengths, target_lengths, blank)
     n = log_probs.shape[1]
     lp64 = log_probs.astype(np.float64)
     out = np.empty(n)
@@ -96,6 +125,7 @@ def ctc_loss_grad(log_probs, targets, input_lengths, target_lengths, nll, grad, 
     """PyTorch's gradient of CTCLoss with respect to log_probs: ``exp(lp) - posterior``.
 
     It equals the true gradient once composed with log_softmax, which is how CTC is used."""
+    _check_ctc(log_probs, targets, input_lengths, target_lengths, blank)
     _steps, n, _ = log_probs.shape
     lp64 = log_probs.astype(np.float64)
     out = np.zeros(log_probs.shape, np.float64)
@@ -118,6 +148,20 @@ def ctc_loss_grad(log_probs, targets, input_lengths, target_lengths, nll, grad, 
 
 def _nll_shape(specs, *, ignore_index=None, reduction="mean"):
     x, target = specs[0], specs[1]
+    weight = specs[2] if len(specs) > 2 else None
+    if len(x.shape) < 2:
+        raise ShapeError(f"input must be (N, C, ...), got rank {len(x.shape)}")
+    want = (x.shape[0], *x.shape[2:])
+    if len(target.shape) != len(want) or any(
+            isinstance(a, int) and isinstance(b, int) and a != b
+            for a, b in zip(target.shape, want)):
+        raise ShapeError(f"target has shape {list(target.shape)}; for input "
+                         f"{list(x.shape)} it must be {list(want)}")
+    if weight is not None and (len(weight.shape) != 1 or (
+            isinstance(weight.shape[0], int) and isinstance(x.shape[1], int)
+            and weight.shape[0] != x.shape[1])):
+        raise ShapeError(f"weight has shape {list(weight.shape)}; it must be [{x.shape[1]}], one "
+                         "weight per class")
     if reduction == "none":
         return TensorSpec(tuple(target.shape), x.dtype)
     return TensorSpec((), x.dtype)
@@ -127,6 +171,11 @@ def _weighted_nll(log_prob, target, weight, ignore_index, reduction):
     c = log_prob.shape[1]
     t = target.astype(np.int64)
     valid = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index
+    bad = valid & ((t < 0) | (t >= c))  # a negative index would silently wrap around
+    if bad.any():
+        also = "" if ignore_index is None else f" or ignore_index {ignore_index}"
+        raise OneModelError(f"target values must be class indices in [0, {c}){also}; got "
+                            f"{int(t[bad][0])}")
     safe = np.where(valid, t, 0)
     picked = np.take_along_axis(log_prob, np.expand_dims(safe, 1), axis=1).squeeze(1)
     w = np.ones(c, log_prob.dtype) if weight is None else weight
