@@ -58,8 +58,11 @@ class Plan:
     steps: list[Step]
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     bindings: dict[str, int] = field(default_factory=dict)
-    nbytes: int = 0  # memory this plan holds of its own (not the graph's initializers)
-    # ids of the memory behind the template's arrays: outputs on it are copied
+    # memory this plan holds of its own (not the graph's initializers): the plan cache's byte
+    # bound counts it, so anything a plan keeps across runs (buffers too) belongs in it
+    nbytes: int = 0
+    # ids of the memory a plan keeps across runs (the template's arrays; reused buffers belong
+    # here too): an output on it is copied, so no caller ever holds the session's memory
     const_roots: frozenset[int] = frozenset()
 
     def execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
