@@ -165,6 +165,13 @@ def load(path: str | os.PathLike) -> Graph:
         raise NativeFormatError(f"{path}: corrupt: the header checksum does not match")
     if zlib.crc32(data) != dcrc:
         raise NativeFormatError(f"{path}: corrupt: the data checksum does not match")
+    raw = bytes(raw)
+    # every node has an "op" key, and a quote inside a JSON string is escaped: an upper bound
+    # on the node count, before parsing
+    limit = load_limit("NODES")
+    if raw.count(b'"op":') > limit:
+        raise NativeFormatError(f"{path}: the graph has more than {limit} nodes (the limit); "
+                                "raise ONEMODEL_MAX_NODES if this model is genuine")
     try:
         header = read_json(raw, "header", allow_nonfinite=True)
         graph = _decode(header, mm, _FIXED.size + hlen, dlen)
@@ -173,7 +180,9 @@ def load(path: str | os.PathLike) -> Graph:
         raise NativeFormatError(f"{path}: {exc}") from None
     except OneModelError as exc:
         raise NativeFormatError(f"{path}: corrupt header ({exc})") from None
-    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as exc:
+    except KeyError as exc:
+        raise NativeFormatError(f"{path}: corrupt header: the field {exc} is missing") from None
+    except (ValueError, TypeError, AttributeError, ArithmeticError) as exc:
         raise NativeFormatError(f"{path}: corrupt header ({type(exc).__name__}: {exc})") from None
     try:
         graph.validate(allow_unknown=True)
@@ -216,7 +225,7 @@ def _decode(h: dict, mm: mmap.mmap, data_start: int, dlen: int) -> Graph:
     h = _dict(h, "the header")
     raw_nodes = _list(h["nodes"], "nodes")
     limit = load_limit("NODES")
-    if len(raw_nodes) > limit:
+    if len(raw_nodes) > limit:  # the header may use spaces the count before parsing missed
         raise NativeFormatError(f"the graph has {len(raw_nodes)} nodes, more than the limit of "
                                 f"{limit}; raise ONEMODEL_MAX_NODES if this model is genuine")
     inits = {}
@@ -245,11 +254,17 @@ def _decode(h: dict, mm: mmap.mmap, data_start: int, dlen: int) -> Graph:
 
 def _node(n: dict) -> Node:
     op = _str(n["op"], "an op name")
-    name = _str(n.get("name", ""), f"the name of a {op} node")
-    return Node(op, [_str(i, f"an input of {name}") for i in _list(n["inputs"], "inputs")],
-                [_str(o, f"an output of {name}") for o in _list(n["outputs"], "outputs")],
-                {_str(k, "an attribute name"): _decode_attr(v)
-                 for k, v in _dict(n["attrs"], "attrs").items()}, name)
+    name = _str(n.get("name", ""), "a node name")
+    inputs, outputs = _strs(n["inputs"], name, "inputs"), _strs(n["outputs"], name, "outputs")
+    attrs = _dict(n["attrs"], "attrs")
+    return Node(op, inputs, outputs, {k: _decode_attr(v) for k, v in attrs.items()}, name)
+
+
+def _strs(v, node: str, what: str) -> list[str]:
+    if type(v) is not list or not all(type(x) is str for x in v):
+        raise NativeFormatError(f"corrupt header: the {what} of node {node!r} are not a list "
+                                "of text")
+    return v
 
 
 def _value_info(v: dict) -> ValueInfo:

@@ -48,20 +48,27 @@ class OnnxFormatError(OneModelError):
 
 def load(path: str | os.PathLike) -> Graph:
     import onnx
+    from onnx.external_data_helper import load_external_data_for_model
 
     try:
-        model = onnx.load(str(path), load_external_data=True)
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:
         raise OnnxFormatError(f"{path}: not a readable ONNX model ({type(exc).__name__}: "
                               f"{exc})") from None
     try:
+        _check_size(model)  # before external data is read: that walks every tensor
+        try:
+            load_external_data_for_model(model, str(Path(path).parent))
+        except Exception as exc:
+            raise OnnxFormatError(f"its external data cannot be read ({type(exc).__name__}: "
+                                  f"{exc})") from None
         return from_model(model, Path(path).stem)
     except OneModelError as exc:
         raise type(exc)(f"{path}: {exc}") from None
 
 
-def from_model(model, name: str = "graph") -> Graph:
-    """Convert a parsed ``onnx.ModelProto``; every problem is a ``OneModelError``."""
+def _check_size(model) -> None:
+    """A graph with outputs and at most ONEMODEL_MAX_NODES nodes, checked before any work."""
     if not model.HasField("graph"):
         raise OnnxFormatError("not an ONNX model: it has no graph (an empty or foreign file?)")
     g = model.graph
@@ -71,6 +78,12 @@ def from_model(model, name: str = "graph") -> Graph:
     if len(g.node) > limit:
         raise OnnxFormatError(f"the graph has {len(g.node)} nodes, more than the limit of "
                               f"{limit}; raise ONEMODEL_MAX_NODES if this model is genuine")
+
+
+def from_model(model, name: str = "graph") -> Graph:
+    """Convert a parsed ``onnx.ModelProto``; every problem is a ``OneModelError``."""
+    _check_size(model)
+    g = model.graph
     opset = next((o.version for o in model.opset_import
                   if _text(o.domain, "an opset domain") in ("", "ai.onnx")), 0)
     inits = {}

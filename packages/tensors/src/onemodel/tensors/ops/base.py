@@ -69,7 +69,7 @@ class OpDef:
             out = self.shape_rule(list(specs), **full)
         except (ShapeError, DTypeError) as exc:
             raise type(exc)(f"{self.name}: {exc} (inputs: {_describe(specs)})") from None
-        except (ValueError, TypeError, IndexError) as exc:
+        except (ValueError, TypeError, IndexError, ArithmeticError) as exc:
             raise ShapeError(f"{self.name}: {exc} (inputs: {_describe(specs)})") from None
         return out if isinstance(out, list) else [out]
 
