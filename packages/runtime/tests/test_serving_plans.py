@@ -122,3 +122,38 @@ def test_plan_for_refuses_graphs_whose_plans_depend_on_input_values():
     s = Session(_reshape_to_fed_target())
     with pytest.raises(OneModelError, match="depend on the values of input 'target'"):
         s.plan_for({"x": (6,), "target": (2,)})
+
+
+def test_lowering_the_bounds_evicts_at_once():
+    s = Session(mlp(sizes=(4, 3)))
+    for n in range(1, 6):
+        s.run({"input": np.ones((n, 4), np.float32)})
+    s.max_plans = 2
+    assert s.cache_info().plans == 2
+    assert sorted(p.bindings["batch"] for p in s._plans.values()) == [4, 5]
+
+
+def test_threads_missing_one_shape_together_build_its_plan_once():
+    import threading
+
+    graph = conv_net()
+    s = Session(graph)
+    barrier = threading.Barrier(8)
+    errors = []
+
+    def worker(seed):
+        try:
+            feeds = random_feeds(graph, {"batch": 3}, seed=seed)
+            barrier.wait()
+            s.run(feeds)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    info = s.cache_info()
+    assert info.builds == 1 and info.hits == 7

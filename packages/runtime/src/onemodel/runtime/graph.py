@@ -118,13 +118,14 @@ class Graph:
                     out |= d.symbols()
         return out
 
-    def value_inputs(self) -> set[str]:
+    def value_inputs(self, specs: Mapping[str, TensorSpec | None] | None = None) -> set[str]:
         """Graph inputs whose *values* set shapes (they reach a static operand, such as a Reshape
         target): a plan is made per value of these, so no other input may be among them.
 
         The walk back from each static operand stops at a node whose output value its shape
         rule derives from the shapes of its inputs alone (``Shape``): such a node reads no
-        values, so the input behind it joins no plan key."""
+        values, so the input behind it joins no plan key. ``specs``: this graph's
+        ``validate(allow_unknown=True)``, when the caller has it."""
         inputs = {v.name for v in self.inputs}
         producers = self.producers()
         wanted: list[str] = []
@@ -137,7 +138,8 @@ class Graph:
                     wanted.append(name)
         if not wanted:
             return set()
-        specs = self._specs_or_none()
+        if specs is None:
+            specs = self._specs_or_none()
         found, seen = set(), set()
         while wanted:
             name = wanted.pop()

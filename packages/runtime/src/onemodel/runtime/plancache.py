@@ -65,6 +65,14 @@ class PlanCache:
         size = plan.nbytes + key_bytes(key)
         self._plans[key] = (plan, size)
         self._nbytes += size
+        self._evict()
+
+    def trim(self) -> None:
+        """Evict until the bounds hold (after they were lowered)."""
+        with self._lock:
+            self._evict()
+
+    def _evict(self) -> None:
         while self._plans and (len(self._plans) > self.max_plans
                                or self._nbytes > self.max_bytes):
             _, (_, dropped) = self._plans.popitem(last=False)

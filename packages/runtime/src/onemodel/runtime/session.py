@@ -46,7 +46,7 @@ class Session:
         self._specs = self.graph.validate(allow_unknown=True)  # symbolic: settle zero sizes
         self._inputs = {v.name: v for v in self.graph.inputs}
         # inputs whose values set shapes: part of a plan's signature
-        value_inputs = self.graph.value_inputs()
+        value_inputs = self.graph.value_inputs(self._specs)
         self._value_inputs = [i for i, v in enumerate(self.graph.inputs) if v.name in value_inputs]
         self._output_names = [v.name for v in self.graph.outputs]
         self._plans = PlanCache()
@@ -58,6 +58,7 @@ class Session:
     @max_plans.setter
     def max_plans(self, value: int) -> None:
         self._plans.max_plans = int(value)
+        self._plans.trim()
 
     @property
     def max_plan_bytes(self) -> int:
@@ -66,6 +67,7 @@ class Session:
     @max_plan_bytes.setter
     def max_plan_bytes(self, value: int) -> None:
         self._plans.max_bytes = int(value)
+        self._plans.trim()
 
     def cache_info(self) -> CacheInfo:
         """Plan-cache counters: hits, plans built, evictions, plans and bytes held, bounds."""
