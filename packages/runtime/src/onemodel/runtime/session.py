@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onemodel.tensors import DimExpr, DType, OneModelError, Tensor, registry
+from onemodel.tensors import threads as _threads
 
 from .graph import Graph
 from .passes import PassManager
@@ -36,7 +37,13 @@ class Session:
     ``max_plans`` and ``max_plan_bytes`` bound the plan cache (least recently used plans go
     first); a plan bigger than ``max_plan_bytes`` on its own runs but is not kept."""
 
-    def __init__(self, graph: Graph, *, optimize: bool = True):
+    def __init__(self, graph: Graph, *, optimize: bool = True, threads: int | None = None):
+        # threads: for the BLAS and kernel plugins (default: ONEMODEL_NUM_THREADS, else all CPUs)
+        self.threads = threads
+        if threads is not None:
+            _threads.set_num_threads(threads)
+        else:
+            _threads.configure(None)  # ONEMODEL_NUM_THREADS, once per process
         graph.validate(allow_unknown=True)
         self.source_graph = graph
         self.graph = graph.copy()
@@ -74,14 +81,15 @@ class Session:
         return self._plans.info()
 
     @classmethod
-    def load(cls, path_or_graph: str | os.PathLike | Graph, *, optimize: bool = True) -> Session:
+    def load(cls, path_or_graph: str | os.PathLike | Graph, *, optimize: bool = True,
+             threads: int | None = None) -> Session:
         """A session over a graph, or over the graph in a file (``.onemodel``, ``.onnx``, or any
         installed format, chosen by extension and then by content)."""
         if isinstance(path_or_graph, Graph):
-            return cls(path_or_graph, optimize=optimize)
+            return cls(path_or_graph, optimize=optimize, threads=threads)
         from .serializers import load
 
-        return cls(load(path_or_graph), optimize=optimize)
+        return cls(load(path_or_graph), optimize=optimize, threads=threads)
 
     @property
     def inputs(self) -> list[IOInfo]:
@@ -100,6 +108,8 @@ class Session:
         if self._value_inputs:
             key += tuple(arrays[i].tobytes() for i in self._value_inputs)
         plan = self._plans.get_or_build(key, self._make_plan, arrays, wanted)
+        if self.threads is not None and self.threads != _threads.num_threads():
+            _threads.set_num_threads(self.threads)  # another session changed the setting
         results = plan.execute(arrays)
         return {name: Tensor._wrap(r) for name, r in zip(wanted, results)}
 

@@ -24,10 +24,10 @@ generation = 0  # bumped by every change; plugins compare it with the value they
 _blas_applied: int | None = None
 
 
-def _from_env() -> int:
+def _from_env() -> int | None:
     raw = os.environ.get(ENV, "").strip()
     if not raw:
-        return os.cpu_count() or 1
+        return None
     try:
         n = int(raw)
     except ValueError:
@@ -53,17 +53,24 @@ def set_num_threads(n: int) -> None:
 
 
 def configure(n: int | None) -> None:
-    """Apply ``n`` threads, or (``None``) the environment's setting if none is applied yet."""
+    """Apply ``n`` threads, or (``None``) the environment's setting if none is applied yet.
+    With neither, every CPU is used and the BLAS is left as its own settings made it (so a
+    user's ``OPENBLAS_NUM_THREADS`` still holds)."""
     global _threads, generation
     with _lock:
+        explicit = n is not None
         if n is None:
             if _threads is not None:
                 return
             n = _from_env()
+            explicit = n is not None
+            if n is None:
+                n = os.cpu_count() or 1
         if n != _threads:
             _threads = n
             generation += 1
-        _apply_blas(n)
+        if explicit:
+            _apply_blas(n)
 
 
 def _apply_blas(n: int) -> None:
@@ -73,10 +80,9 @@ def _apply_blas(n: int) -> None:
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
-        if os.environ.get(ENV) or n != (os.cpu_count() or 1):
-            warnings.warn("threadpoolctl is not installed, so the BLAS thread count was not set "
-                          f"to {n}; pip install threadpoolctl (onemodel-numba depends on it)",
-                          RuntimeWarning, stacklevel=3)
+        warnings.warn("threadpoolctl is not installed, so the BLAS thread count was not set "
+                      f"to {n}; pip install threadpoolctl (onemodel-numba depends on it)",
+                      RuntimeWarning, stacklevel=3)
         _blas_applied = n
         return
     threadpool_limits(limits=n, user_api="blas")
