@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import OneModelError, ShapeError
+from ..symbolic import format_shape
 from ._grad import call
 from .base import TensorSpec, defop
 
@@ -155,13 +156,13 @@ def _nll_shape(specs, *, ignore_index=None, reduction="mean"):
     if len(target.shape) != len(want) or any(
             isinstance(a, int) and isinstance(b, int) and a != b
             for a, b in zip(target.shape, want)):
-        raise ShapeError(f"target has shape {list(target.shape)}; for input "
-                         f"{list(x.shape)} it must be {list(want)}")
+        raise ShapeError(f"target has shape {format_shape(target.shape)}; for input "
+                         f"{format_shape(x.shape)} it must be {format_shape(want)}")
     if weight is not None and (len(weight.shape) != 1 or (
             isinstance(weight.shape[0], int) and isinstance(x.shape[1], int)
             and weight.shape[0] != x.shape[1])):
-        raise ShapeError(f"weight has shape {list(weight.shape)}; it must be [{x.shape[1]}], one "
-                         "weight per class")
+        raise ShapeError(f"weight has shape {format_shape(weight.shape)}; it must be "
+                         f"[{x.shape[1]}], one weight per class")
     if reduction == "none":
         return TensorSpec(tuple(target.shape), x.dtype)
     return TensorSpec((), x.dtype)

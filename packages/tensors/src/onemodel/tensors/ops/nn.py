@@ -10,7 +10,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..dtype import FLOATING, NUMERIC, DType
 from ..errors import ShapeError
-from ..symbolic import add, floordiv, mul
+from ..symbolic import add, floordiv, format_shape, mul
 from ._grad import call
 from .base import TensorSpec, defop, norm_axis, same_dtype
 
@@ -162,8 +162,8 @@ def _conv_shape(specs, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     if b is not None and (len(b.shape) != 1 or (isinstance(b.shape[0], int)
                                                 and isinstance(w.shape[0], int)
                                                 and b.shape[0] != w.shape[0])):
-        raise ShapeError(f"B has shape {list(b.shape)}; it must be [{w.shape[0]}], one bias per "
-                         "output channel")
+        raise ShapeError(f"B has shape {format_shape(b.shape)}; it must be [{w.shape[0]}], one "
+                         "bias per output channel")
     out = []
     s = strides or (1,) * nd
     d = dilations or (1,) * nd
@@ -517,7 +517,8 @@ def _bn_shape(specs, *, epsilon=1e-5, momentum=0.9, training_mode=0):
         ok = len(p.shape) == 1 and not (isinstance(c, int) and isinstance(p.shape[0], int)
                                         and p.shape[0] != c)
         if not ok:
-            raise ShapeError(f"{name} has shape {list(p.shape)}, but the input has {c} channels; "
+            raise ShapeError(f"{name} has shape {format_shape(p.shape)}, but the input has {c} "
+                             "channels; "
                              f"scale, B, input_mean and input_var must each be [{c}]")
     return TensorSpec(x.shape, dt)
 
@@ -553,10 +554,25 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, mom
     return (X - input_mean.reshape(shape)) * mul_ + B.reshape(shape)
 
 
+def _onto(name, spec, x_shape):
+    """Refuse a parameter that does not broadcast onto X (the kernel would fail, or change the
+    output's shape)."""
+    if spec is None:
+        return
+    shape = spec.shape
+    if len(shape) > len(x_shape) or any(
+            isinstance(p, int) and isinstance(t, int) and p not in (1, t)
+            for p, t in zip(reversed(shape), reversed(x_shape))):
+        raise ShapeError(f"{name} has shape {format_shape(shape)}, which does not broadcast "
+                         f"onto the input {format_shape(x_shape)}")
+
+
 def _ln_shape(specs, *, axis=-1, epsilon=1e-5, stash_type=1):
     x = specs[0]
     dt = same_dtype([s for s in specs], FLOATING)
     a = norm_axis(axis, len(x.shape))
+    _onto("Scale", specs[1], x.shape)
+    _onto("B", specs[2] if len(specs) > 2 else None, x.shape)
     stats = TensorSpec(tuple(x.shape[:a]) + (1,) * (len(x.shape) - a),
                        DType.F32 if stash_type == 1 else dt)
     return [TensorSpec(x.shape, dt), stats, stats]
@@ -627,6 +643,7 @@ def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
 def _rms_shape(specs, *, axis=-1, epsilon=1e-5, stash_type=1):
     x = specs[0]
     norm_axis(axis, len(x.shape))
+    _onto("scale", specs[1], x.shape)
     return TensorSpec(x.shape, same_dtype(specs[:1], FLOATING))
 
 
