@@ -360,8 +360,17 @@ def run(fmt: str, seed: int, cases: int, case_seconds: float) -> dict:
             counts["cases"] += 1
             counts[outcome] += 1
     return {"format": fmt, "seed": seed, **counts, "slowest_s": round(slowest, 3),
-            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+            "max_rss_mb": _peak_rss_mb(),
             "failures": failures[:20]}
+
+
+def _peak_rss_mb() -> int:
+    """VmHWM: ru_maxrss would carry over the parent's peak across fork and exec."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) // 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
 def main(argv=None) -> None:

@@ -97,6 +97,11 @@ _BAD = {
                         "Cast needs its 'to' attribute"),
     "Gemm without A": (_model([helper.make_node("Gemm", ["", "x", "x"], ["y"])]),
                        "missing required input A of Gemm"),
+    "Conv with zero strides (found by the fuzz suite)": (
+        _model([helper.make_node("Conv", ["x4", "k"], ["y"], strides=[0, 0])],
+               [helper.make_tensor("k", TensorProto.FLOAT, [1, 1, 1, 1], [1.0])],
+               inputs=[helper.make_tensor_value_info("x4", TensorProto.FLOAT, [1, 1, 3, 3])]),
+        "Conv: .*(division|modulo) by zero"),
     "negative dims": (_model([helper.make_node("Add", ["x", "w"], ["y"])],
                              [_raw("w", TensorProto.FLOAT, [-1], b"")]), "negative dimension"),
     "ConstantOfShape with a negative size": (
