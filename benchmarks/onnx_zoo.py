@@ -1,67 +1,86 @@
 """Latency of the nine model-zoo networks shipped inside the onnx package, with seeded random
-weights: OneModel's session against onnxruntime's on the same input, one thread each. Runs are
-paired (one of each, alternating) and the ratio of the medians is printed per network, with the
-geometric mean.
+weights: OneModel's session against onnxruntime's on the same input, at 1 and at 2 threads
+(``Session(..., threads=n)`` against ORT's ``intra_op_num_threads``). Runs are paired (one of
+each, alternating); per network the median of each and the median of the paired ratios are
+printed, then the geometric mean of the ratios per thread count.
 
-    python benchmarks/onnx_zoo.py [--runs 5]
+    python benchmarks/onnx_zoo.py [--runs 7] [--threads 1 2] [network ...]
 """
 
 from __future__ import annotations
 
-import os
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = "1"
-
-import argparse  # noqa: E402
-import math  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration-tests" / "onnx"))
-import zoo  # noqa: E402
+import zoo
 
-from onemodel.onnx.importer import from_model  # noqa: E402
-from onemodel.runtime import Session  # noqa: E402
+from onemodel.onnx.importer import from_model
+from onemodel.runtime import Session
+
+
+def paired(ours, theirs, runs: int) -> tuple[float, float, float]:
+    """(our median ms, their median ms, median of the per-pair ratios)."""
+    ours()
+    theirs()
+    o_times, t_times = [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        ours()
+        o_times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        theirs()
+        t_times.append(time.perf_counter() - t0)
+    ratios = [o / t for o, t in zip(o_times, t_times)]
+    return statistics.median(o_times) * 1e3, statistics.median(t_times) * 1e3, \
+        statistics.median(ratios)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("networks", nargs="*")
     args = parser.parse_args()
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3  # these files carry unused initializers ORT warns about
-    print(f"{'network':14s} {'onemodel ms':>12s} {'ort ms':>9s} {'ratio':>6s}")
-    ratios = []
-    for name in zoo.available():
+    names = args.networks or zoo.available()
+    ratios: dict[int, list[float]] = {n: [] for n in args.threads}
+    head = "".join(f" {'ours ms':>9s} {'ort ms':>8s} {'ratio':>6s}" for _ in args.threads)
+    print(f"{'network':14s}" + head)
+    print(f"{'':14s}" + "".join(f" {f'--- {n} thread(s) ---':>25s}" for n in args.threads))
+    for name in names:
         model = zoo.randomized(zoo.load(name), seed=1)
         key, x = zoo.data_input(model)
         x = np.random.default_rng(2).standard_normal(x.shape).astype(np.float32)
-        ours = Session(from_model(model))
-        theirs = ort.InferenceSession(model.SerializeToString(), opts,
-                                      providers=["CPUExecutionProvider"])
-        ours.run({key: x})
-        theirs.run(None, {key: x})
-        o_times, t_times = [], []
-        for _ in range(args.runs):
-            t0 = time.perf_counter()
-            ours.run({key: x})
-            o_times.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            theirs.run(None, {key: x})
-            t_times.append(time.perf_counter() - t0)
-        o, t = statistics.median(o_times) * 1e3, statistics.median(t_times) * 1e3
-        ratios.append(o / t)
-        print(f"{name:14s} {o:12.1f} {t:9.1f} {o / t:5.2f}x", flush=True)
-    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    print(f"{'geometric mean':14s} {'':12s} {'':9s} {geo:5.2f}x")
+        try:
+            graph = from_model(model)
+        except Exception as exc:  # report and go on: one network must not hide the others
+            print(f"{name:14s} not run: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        cells = []
+        for n in args.threads:
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads, opts.inter_op_num_threads = n, 1
+            opts.log_severity_level = 3  # these files carry unused initializers ORT warns about
+            theirs = ort.InferenceSession(model.SerializeToString(), opts,
+                                          providers=["CPUExecutionProvider"])
+            ours = Session(graph, threads=n)
+            feeds = {key: x}
+            o, t, r = paired(lambda s=ours, f=feeds: s.run(f),
+                             lambda s=theirs, f=feeds: s.run(None, f), args.runs)
+            ratios[n].append(r)
+            cells.append(f" {o:9.1f} {t:8.1f} {r:5.2f}x")
+        print(f"{name:14s}" + "".join(cells), flush=True)
+    geo = [math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
+           for v in ratios.values()]
+    print(f"{'geometric mean':14s}" + "".join(f" {'':9s} {'':8s} {g:5.2f}x" for g in geo))
 
 
 if __name__ == "__main__":

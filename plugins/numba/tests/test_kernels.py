@@ -15,27 +15,6 @@ DTYPES = [np.float32, np.float64]
 TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-11, atol=1e-11)}
 
 
-def _pool_cases():
-    geoms = [
-        dict(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
-        dict(kernel_shape=(2, 2), strides=(2, 2)),
-        dict(kernel_shape=(3, 2), strides=(2, 3), pads=(1, 0, 2, 1), dilations=(2, 1),
-             ceil_mode=1),
-        dict(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1),
-        dict(kernel_shape=(3, 3), strides=(2, 1), auto_pad="SAME_UPPER"),
-        dict(kernel_shape=(2, 3), strides=(1, 2), auto_pad="SAME_LOWER"),
-        dict(kernel_shape=(7, 7), strides=(1, 1)),
-    ]
-    shapes = [(2, 3, 11, 9), (1, 4, 8, 8), (2, 2, 10, 7), (1, 2, 7, 7), (1, 3, 9, 6), (1, 3, 9, 6),
-              (1, 5, 7, 7)]
-    for shape, g in zip(shapes, geoms):
-        yield "MaxPool", [shape], g
-        for cip in (0, 1):
-            yield "AveragePool", [shape], {**g, "count_include_pad": cip}
-        yield "MaxPoolGrad", [shape, ("out", "MaxPool", g)], g
-        yield "AveragePoolGrad", [shape, ("out", "AveragePool", g)], g
-
-
 CASES = [
     ("Conv", [(1, 8, 17, 13), (6, 8, 3, 3), (6,)], dict(pads=(1, 1, 1, 1))),
     ("Conv", [(2, 8, 9, 7), (6, 4, 3, 2), (6,)], dict(group=2, strides=(2, 1), pads=(1, 0, 2, 1),
@@ -50,10 +29,6 @@ CASES = [
       for a in ("Relu", "Sigmoid", "Tanh")],
     ("FusedConv", [(1, 6, 9, 9), (6, 1, 3, 3), (6,)], dict(activation="Relu", group=6,
                                                             strides=(2, 2))),
-    *_pool_cases(),
-    ("GlobalAveragePool", [(2, 5, 7, 3)], {}),
-    ("GlobalMaxPool", [(2, 5, 7, 3)], {}),
-    ("GlobalAveragePool", [(3, 4, 11)], {}),
     ("BatchNormalization", [(2, 5, 7, 3), (5,), (5,), (5,), ("pos", 5)], dict(epsilon=1e-3)),
     ("BatchNormalization", [(4, 6), (6,), (6,), (6,), ("pos", 6)], {}),
     ("LayerNormalization", [(3, 7, 33), (33,), (33,)], {}),
@@ -65,16 +40,12 @@ CASES = [
     ("LRN", [(1, 4, 3, 3)], dict(size=2)),
     ("Erf", [(7, 131)], {}),
     ("Gelu", [(3, 5, 97)], {}),
-    ("Softmax", [(4, 3, 37)], {}),
-    ("Softmax", [(6, 11)], dict(axis=1)),
-    ("LogSoftmax", [(4, 3, 37)], dict(axis=-1)),
     # empty batches
     ("Conv", [(0, 4, 5, 5), (3, 4, 3, 3), (3,)], dict(pads=(1, 1, 1, 1))),
-    ("MaxPool", [(0, 2, 6, 6)], dict(kernel_shape=(2, 2), strides=(2, 2))),
     ("BatchNormalization", [(0, 4, 5, 5), (4,), (4,), (4,), ("pos", 4)], {}),
     ("LRN", [(0, 4, 3, 3)], dict(size=3)),
     ("LayerNormalization", [(0, 6), (6,), (6,)], {}),
-    ("Softmax", [(0, 5)], {}),
+    ("Gelu", [(0, 5)], {}),
 ]
 
 
@@ -136,33 +107,24 @@ def test_every_registered_kernel_is_in_the_table():
 
 
 def test_special_values_follow_the_reference():
-    x = np.array([[np.nan, 1.0, 2.0], [-np.inf, -np.inf, -np.inf], [np.inf, 0.0, 1.0],
-                  [1e30, -1e30, 0.0]])
-    for op in ("Softmax", "LogSoftmax"):
+    for op in ("Erf", "Gelu"):
         kernel = registry.resolve(plugin.KERNELS[op][0])
-        with np.errstate(invalid="ignore"):  # the reference's inf - inf
-            want = OPS[op].kernel(x)
-        np.testing.assert_array_equal(kernel(x), want)
-    erf = registry.resolve(plugin.KERNELS["Erf"][0])
-    np.testing.assert_array_equal(erf(np.array([np.inf, -np.inf, 0.0])), [1.0, -1.0, 0.0])
-    assert np.isnan(erf(np.array([np.nan])))[0]
-    pool = registry.resolve(plugin.KERNELS["MaxPool"][0])
-    xp = np.arange(16.0).reshape(1, 1, 4, 4)
-    xp[0, 0, 1, 1] = np.nan
-    attrs = dict(kernel_shape=(2, 2), strides=(2, 2))
-    np.testing.assert_array_equal(pool(xp, **attrs), OPS["MaxPool"].kernel(xp, **attrs))
+        x = np.array([np.inf, -np.inf, 0.0, -0.0, 1e-300, 40.0, -40.0])
+        np.testing.assert_array_equal(kernel(x), OPS[op].kernel(x))
+        assert np.isnan(kernel(np.array([np.nan])))[0]
 
 
-@pytest.mark.parametrize("op", ["Conv", "MaxPool", "Softmax"])
+@pytest.mark.parametrize("op", ["Conv", "LayerNormalization", "Gelu"])
 def test_the_reference_stays_the_fallback(op):
-    """Calls a numba kernel does not cover (float16, 1-D convolution, another axis) are refused
-    by its supports check, so kernel choice falls through to the reference kernel."""
+    """Calls a numba kernel does not cover (float16, 1-D convolution, the tanh Gelu) are
+    refused by its supports check, so kernel choice falls through to the reference kernel."""
     supports = registry.resolve(plugin.KERNELS[op][1])
     if op == "Conv":
         assert not supports(np.zeros((1, 2, 5), np.float32), np.zeros((3, 2, 3), np.float32))
         assert not supports(np.zeros((1, 2, 5, 5), np.float16), np.zeros((3, 2, 3, 3), np.float16))
-    elif op == "MaxPool":
-        assert not supports(np.zeros((1, 2, 5, 5, 5), np.float32), kernel_shape=(2, 2, 2))
-        assert not supports(np.zeros((1, 2, 5, 5), np.int32), kernel_shape=(2, 2))
+    elif op == "LayerNormalization":
+        assert not supports(np.zeros((2, 3), np.float16), np.zeros(3, np.float16))
+        assert not supports(np.zeros((2, 3), np.float32), np.zeros(3, np.float64))
     else:
-        assert not supports(np.zeros((2, 3), np.float32), axis=0)
+        assert not supports(np.zeros((2, 3), np.float32), approximate="tanh")
+        assert not supports(np.zeros((2, 3), np.float16))

@@ -28,16 +28,6 @@ def _nchw(X) -> bool:
     return X.ndim == 4 and X.dtype in _FLOATS
 
 
-def pool(X, dY=None, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
-         kernel_shape=(), pads=None, storage_order=0, strides=None):
-    """2-D pooling of float32/float64 (and its gradients)."""
-    return _nchw(X) and len(kernel_shape) == 2 and (dY is None or dY.dtype == X.dtype)
-
-
-def global_pool(X):
-    return X.ndim >= 3 and X.dtype in _FLOATS and X.shape[0] * X.shape[1] > 0 and X.size > 0
-
-
 def batch_norm(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
                training_mode=0):
     return (X.ndim >= 2 and X.dtype in _FLOATS and not training_mode
@@ -58,7 +48,3 @@ def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
 
 def unary(X, *, approximate="none"):
     return X.dtype in _FLOATS and approximate == "none"
-
-
-def last_axis(input, *, axis=-1):
-    return input.ndim >= 1 and input.dtype in _FLOATS and axis % input.ndim == input.ndim - 1
