@@ -1,6 +1,8 @@
 """Time to trace and save the tracing tests' models (MLP, CNN with BatchNorm and Dropout,
 transformer encoder layer) at batch 4, against torch.jit.trace + torch.jit.save of the same
-architectures. Medians of several runs; same process.
+architectures; and what the structural check costs (the second trace at other sizes of the
+symbolic axes that catches size-dependent Python control flow), as a ratio to torch.jit.trace.
+Each repeat runs the three in turn (paired); medians of the times and of the per-repeat ratios.
 
     python benchmarks/trace_time.py [--repeats 7]
 """
@@ -19,16 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "packages/tracin
 from models import cnn, encoder, mlp
 
 from onemodel.tensors import Tensor
+from onemodel.tracing import trace_module
 
 
-def median_ms(fn, repeats: int) -> float:
+def once_ms(fn) -> float:
+    t0 = time.perf_counter()
     fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return (time.perf_counter() - t0) * 1e3
 
 
 def torch_models():
@@ -61,14 +60,18 @@ def main() -> None:
         theirs, torch = {}, None
         print("PyTorch is not installed: only onemodel's times are printed")
     tmp = Path(tempfile.mkdtemp())
-    print(f"{'model':8s} {'onemodel ms':>12s} {'torch.jit ms':>13s} {'ratio':>6s}")
+    print(f"{'model':8s} {'onemodel ms':>12s} {'unchecked ms':>13s} {'torch.jit ms':>13s} "
+          f"{'ratio':>6s} {'check/jit':>10s}")
     for name, (model, shape, axes) in ours.items():
         example = Tensor.randn(*shape)
 
         def ours_fn(model=model, example=example, axes=axes, name=name):
             model.trace(example, *axes).save(tmp / f"{name}.onemodel")
 
-        o = median_ms(ours_fn, args.repeats)
+        def unchecked_fn(model=model, example=example, axes=axes, name=name):
+            trace_module(model, example, *axes, verify=False).save(tmp / f"{name}.onemodel")
+
+        fns = [ours_fn, unchecked_fn]
         if name in theirs:
             tmodel, tshape = theirs[name]
             tmodel.eval()
@@ -78,10 +81,18 @@ def main() -> None:
                 traced = torch.jit.trace(tmodel, tx, check_trace=False)
                 torch.jit.save(traced, io.BytesIO())
 
-            t = median_ms(theirs_fn, args.repeats)
-            print(f"{name:8s} {o:12.2f} {t:13.2f} {o / t:5.2f}x")
+            fns.append(theirs_fn)
+        for fn in fns:  # warm up
+            fn()
+        runs = [[once_ms(fn) for fn in fns] for _ in range(args.repeats)]
+        o, u = (statistics.median(r[i] for r in runs) for i in (0, 1))
+        if len(fns) == 3:
+            t = statistics.median(r[2] for r in runs)
+            ratio = statistics.median(r[0] / r[2] for r in runs)
+            check = statistics.median((r[0] - r[1]) / r[2] for r in runs)
+            print(f"{name:8s} {o:12.2f} {u:13.2f} {t:13.2f} {ratio:5.2f}x {check:9.2f}x")
         else:
-            print(f"{name:8s} {o:12.2f}")
+            print(f"{name:8s} {o:12.2f} {u:13.2f}")
 
 
 if __name__ == "__main__":
