@@ -401,3 +401,31 @@ def test_check_samples_when_the_combinations_are_many():
     assert {"a": 7, "b": 3} in sample and {"a": 2, "b": 9} in sample
     assert len(sample) == 10 + 10 - 1 + 2  # the example point appears once
     assert len(size_combinations({"a": [1, 2], "b": [3, 4]}, {"a": 2, "b": 3})) == 4
+
+
+TABLE = [Tensor.ones(3) * i for i in range(5)]  # one row per batch size up to 4
+
+
+def by_batch_size(x):
+    return x + TABLE[x.shape[0]]  # lookup
+
+
+def test_a_second_trace_that_fails_is_a_trace_error_at_the_users_line():
+    with pytest.raises(TraceError) as err:
+        Tracer(by_batch_size).trace({"x": Tensor.randn(4, 3)}, axes={"x": ("batch", None)})
+    msg = str(err.value)
+    assert "the second trace failed with IndexError" in msg and "batch=5" in msg
+    assert err.value.location == line_of(by_batch_size, "# lookup")
+
+
+def test_numpy_numbers_and_symbolic_fill_values_are_seen():
+    def f(x):
+        if x.shape[0] > np.int64(2):  # numpy int
+            return x * Tensor.full((1, x.shape[1]), x.shape[0])  # the batch size as a value
+        return x
+
+    traced = Tracer(f).trace({"x": Tensor.randn(4, 3)}, axes={"x": ("batch", None)})
+    assert [g.condition for g in traced.graph.guards] == ["batch > 2"]
+    for b in (3, 6):
+        x = f32(b, 3, seed=b)
+        np.testing.assert_allclose(traced.run({"x": x})["output"].numpy(), x * b, rtol=1e-6)

@@ -12,6 +12,7 @@ decision on a size is never frozen silently.
 
 from __future__ import annotations
 
+import numbers
 import operator
 import os
 import sys
@@ -304,8 +305,10 @@ class SymInt(int):
     def _compare(self, o, op: str):
         if isinstance(o, SymInt):
             value, expr = int(o), o.expr
-        elif isinstance(o, (int, float)):
-            value = expr = o if isinstance(o, float) else int(o)
+        elif isinstance(o, numbers.Integral):  # int, bool, numpy integers
+            value = expr = int(o)
+        elif isinstance(o, numbers.Real):
+            value = expr = float(o)
         else:
             return NotImplemented
         outcome = _COMPARE[op](int(self), value)

@@ -76,10 +76,13 @@ class Tensor:
     def full(cls, shape, value, dtype=None) -> Tensor:
         dt = DType.F32 if dtype is None else DType.of(dtype)
         dims = _dims((shape,) if isinstance(shape, (int, np.integer)) else tuple(shape))
-        if trace_state.active is not None and any(isinstance(d, SymInt) for d in dims):
+        if trace_state.active is not None and any(isinstance(d, SymInt)
+                                                  for d in (*dims, value)):
             # a symbolic size: Expand the value to a shape computed from the inputs' shapes
             target = trace_state.shape_operand(dims, sizes=False)
-            return dispatch("Expand", (cls._wrap(np.asarray(value, dt.numpy)), target))
+            fill = (trace_state.active.scalar_operand(value, dt.numpy)
+                    if isinstance(value, SymInt) else cls._wrap(np.asarray(value, dt.numpy)))
+            return dispatch("Expand", (fill, target))
         return cls._wrap(np.full(_shape_tuple(dims), value, dt.numpy))
 
     @classmethod

@@ -12,6 +12,7 @@ sizes and comparing the two graphs (:mod:`.verify`).
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 
@@ -24,7 +25,7 @@ from onemodel.runtime.guards import failed_guard
 from onemodel.runtime.values import propagate
 from onemodel.tensors import DimExpr, DType, OneModelError, Tensor, TensorSpec, autograd
 from onemodel.tensors.ops import OPS
-from onemodel.tensors.symbolic import Dim, SymBool, SymInt, as_dim, evaluate
+from onemodel.tensors.symbolic import Dim, SymBool, SymInt, as_dim, evaluate, internal_file
 
 from .decisions import classify
 from .errors import TraceError, TraceWarning, user_location
@@ -137,9 +138,9 @@ class Tracer:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", TraceWarning)
                 self._trace_once(changed, axes, output_names, match_sizes=examples)
-        except OneModelError as exc:
-            return Difference(f"the second trace failed: {exc}", "",
-                              getattr(exc, "location", ""))
+        except Exception as exc:  # the first trace ran: whatever fails here depends on a size
+            return Difference(f"the second trace failed with {type(exc).__name__}: {exc}", "",
+                              getattr(exc, "location", "") or _raised_at(exc))
         finally:
             second, second_locs = self.graph, self._locations
             self.graph = first
@@ -457,3 +458,14 @@ class Tracer:
 
 def _sizes(sizes: Mapping[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sizes.items())
+
+
+def _raised_at(exc: BaseException) -> str:
+    """The user's file:line in ``exc``'s traceback (the innermost frame outside OneModel)."""
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        if not internal_file(tb.tb_frame.f_code.co_filename):
+            where = f"{os.path.abspath(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
