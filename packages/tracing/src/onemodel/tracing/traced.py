@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onemodel.tensors import Tensor
+from onemodel.tensors import OneModelError, Tensor
 from onemodel.tensors.symbolic import SymInt
 
 
@@ -39,7 +39,7 @@ class TracedData:
 
 def _symbolic_axis0(t: TracedTensor, what: str, hint: str) -> None:
     if not t.ndim:
-        raise TypeError(f"{what} of a 0-d tensor")
+        raise OneModelError(f"{what}: the tensor is 0-d (it has no axis 0)")
     size = t.shape[0]
     if isinstance(size, SymInt):
         t._data.tracer.refuse(
