@@ -429,3 +429,13 @@ def test_numpy_numbers_and_symbolic_fill_values_are_seen():
     for b in (3, 6):
         x = f32(b, 3, seed=b)
         np.testing.assert_allclose(traced.run({"x": x})["output"].numpy(), x * b, rtol=1e-6)
+
+
+def test_a_constant_drawn_at_random_in_forward_is_not_taken_for_a_size():
+    def noisy(x):
+        return x + Tensor.randn(1, 3)  # a new draw in each trace, at any size
+
+    traced = Tracer(noisy).trace({"x": Tensor.randn(4, 3)}, axes={"x": ("batch", None)})
+    (noise,) = traced.graph.initializers.values()
+    x = f32(5, 3)
+    np.testing.assert_allclose(traced.run({"x": x})["output"].numpy(), x + noise, rtol=1e-6)

@@ -30,7 +30,7 @@ from onemodel.tensors.symbolic import Dim, SymBool, SymInt, as_dim, evaluate, in
 from .decisions import classify
 from .errors import TraceError, TraceWarning, user_location
 from .traced import TracedData, TracedTensor
-from .verify import Difference, first_difference
+from .verify import Difference, first_difference, unstable_constants
 
 # ops that exist for training only: no inference graph holds them
 UNTRACEABLE = {"CTCLoss", "CTCLossGrad", "ConvInputGrad", "ConvWeightGrad", "MaxPoolGrad",
@@ -105,6 +105,11 @@ class Tracer:
         try:
             second = self._other_sizes(examples, list(examples), graph.guards)
             diff = self._retrace(inputs, axes, output_names, examples, second, locations, params)
+            if diff is not None and diff.constant:  # random constants differ at any size
+                params |= self._random_constants(inputs, axes, output_names, examples, params)
+                if diff.constant in params:
+                    diff = self._retrace(inputs, axes, output_names, examples, second, locations,
+                                         params)
             if diff is None:
                 return
             axis = next(iter(examples))
@@ -126,9 +131,10 @@ class Tracer:
         finally:
             self.__dict__.update(state)
 
-    def _retrace(self, inputs, axes, output_names, examples, sizes, locations, params):
-        """The first difference between the first trace and one at ``sizes``, or None."""
-        first = self.graph
+    def _trace_at(self, inputs, axes, output_names, examples, sizes):
+        """Trace at ``sizes`` of the symbolic axes; returns (graph, node locations) and leaves
+        ``self.graph`` as it was. Raises whatever the trace raises."""
+        first, first_locs = self.graph, self._locations
         changed = {}
         for name, t in inputs.items():
             names = axes.get(name) or ()
@@ -138,13 +144,28 @@ class Tracer:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", TraceWarning)
                 self._trace_once(changed, axes, output_names, match_sizes=examples)
+            return self.graph, self._locations
+        finally:
+            self.graph, self._locations = first, first_locs
+
+    def _retrace(self, inputs, axes, output_names, examples, sizes, locations, params):
+        """The first difference between the first trace and one at ``sizes``, or None."""
+        first = self.graph
+        try:
+            second, second_locs = self._trace_at(inputs, axes, output_names, examples, sizes)
         except Exception as exc:  # the first trace ran: whatever fails here depends on a size
             return Difference(f"the second trace failed with {type(exc).__name__}: {exc}", "",
                               getattr(exc, "location", "") or _raised_at(exc))
-        finally:
-            second, second_locs = self.graph, self._locations
-            self.graph = first
         return first_difference(first, locations, second, second_locs, params)
+
+    def _random_constants(self, inputs, axes, output_names, examples, params) -> set[str]:
+        """Constants that differ between two traces at the example sizes: drawn at random in
+        forward, not computed from a size (asked on the error path only)."""
+        try:
+            again, _ = self._trace_at(inputs, axes, output_names, examples, examples)
+        except Exception:
+            return set()
+        return unstable_constants(self.graph, again, params)
 
     def _other_sizes(self, examples: dict[str, int], symbols: list[str],
                      guards: list[Guard]) -> dict[str, int]:

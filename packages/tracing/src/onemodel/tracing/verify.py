@@ -22,11 +22,14 @@ class Difference:
     what: str
     first_location: str
     second_location: str
+    constant: str = ""  # the constant whose values differ, when that is the difference
 
 
 def first_difference(first: Graph, first_locs: Sequence[str], second: Graph,
                      second_locs: Sequence[str], params: set[str]) -> Difference | None:
-    """The first structural difference between two traces of one function, or None.
+    """The first structural difference between two traces of one function, or None. Constants
+    named in ``params`` are not compared (parameters; constants that differ between two traces
+    at the same sizes, drawn at random).
 
     Nodes are compared in order (op, inputs, attributes; not their output names, since a graph
     output takes over the name of the value it is); then the constants made during the trace
@@ -48,7 +51,9 @@ def first_difference(first: Graph, first_locs: Sequence[str], second: Graph,
         where = first_locs[users[0]] if users and users[0] < len(first_locs) else ""
         if where:
             diff += f", read by node {n1[users[0]].name} made at {where}"
-        return Difference(diff, where, "")
+        same_shape = name in second.initializers and first.initializers.get(
+            name, np.empty(0)).shape == second.initializers[name].shape
+        return Difference(diff, where, "", name if same_shape else "")
     o1 = [(v.name, v.dtype, tuple(map(str, v.shape)), _producer(first, v.name))
           for v in first.outputs]
     o2 = [(v.name, v.dtype, tuple(map(str, v.shape)), _producer(second, v.name))
@@ -73,6 +78,14 @@ def _describe(node, location: str, which: str) -> str:
             f"{', '.join(node.inputs)}){where}")
 
 
+def unstable_constants(first: Graph, again: Graph, params: set[str]) -> set[str]:
+    """Constants whose values differ between two traces at the same sizes (random draws)."""
+    return {n for n, a in first.initializers.items()
+            if n not in params and n in again.initializers and a.shape ==
+            again.initializers[n].shape and not np.array_equal(a, again.initializers[n],
+                                                               equal_nan=a.dtype.kind in "fc")}
+
+
 def _constants(c1: Mapping[str, np.ndarray], c2: Mapping[str, np.ndarray],
                params: set[str]) -> tuple[str, str]:
     """A description of the first constant that differs, and its name."""
@@ -89,7 +102,7 @@ def _constants(c1: Mapping[str, np.ndarray], c2: Mapping[str, np.ndarray],
                     name)
         if not np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"):
             return (f"constant {name} holds different values in the two traces (computed from "
-                    "a size, or drawn at random in forward)", name)
+                    "a size)", name)
     return "", ""
 
 
