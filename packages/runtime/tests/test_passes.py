@@ -126,7 +126,7 @@ def test_full_pipeline_on_every_model():
         _check(graph, default_passes())
 
 
-def test_passes_come_from_the_registry_and_declare_their_changes():
+def test_passes_come_from_the_registry_and_declare_their_changes(isolated_registry):
     from onemodel.runtime.session import default_passes
 
     passes = default_passes()
@@ -257,3 +257,45 @@ def test_the_manager_warns_when_it_hits_its_cap():
     with pytest.warns(FixpointWarning, match="fixpoint in 3 rounds"):
         counts = PassManager([Flip()], max_rounds=3).run(_chain())
     assert counts == {"flip": 3}
+
+
+def _chains():
+    """Elementwise chains over a conv output: bias, scale, residual add, clip, activations."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 3, 6, 6))
+    h = b.op("Conv", x, b.initializer("w", f32(rng, 4, 3, 3, 3, scale=0.3)), pads=(1, 1, 1, 1))
+    bias = b.initializer("bias", f32(rng, 1, 4, 1, 1))
+    y = b.op("Mul", b.op("Add", h, bias), b.const(np.float32(0.5)))
+    y = b.op("Clip", b.op("Add", y, h), b.const(np.float32(-1.0)), b.const(np.float32(1.5)))
+    y = b.op("Sigmoid", y)
+    z = b.op("Tanh", b.op("Erf", b.op("Sub", y, b.const(np.float32(0.25)))))
+    b.output(z, "out")
+    b.output(b.op("Relu", b.op("Neg", h)), "side")
+    return b.build()
+
+
+def test_elementwise_fusion_makes_one_node_per_chain():
+    from onemodel.runtime.passes.fusion import ElementwiseFusion
+
+    g, counts = _check(_chains(), [ElementwiseFusion()])
+    assert counts == {"elementwise-fusion": 2}
+    ops = [n.op for n in g.nodes if n.op != "Identity"]  # the builder names outputs so
+    assert ops == ["Conv", "FusedElementwise", "FusedElementwise"]
+    main = next(n for n in g.nodes if n.op == "FusedElementwise")
+    assert main.attrs["program"][:2] == ["Add x0 x1", "Mul t0 x2"]
+    assert main.attrs["program"][2:4] == ["Add t1 x0", "Clip t2 -1.0 1.5"]  # residual: x0 again
+
+
+def test_elementwise_fusion_leaves_shared_and_integer_values():
+    from onemodel.runtime.passes.fusion import ElementwiseFusion
+
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 4))
+    i = b.input("i", DType.I64, ("batch", 4))
+    shared = b.op("Relu", x)
+    b.output(b.op("Add", shared, shared), "a")  # Relu's value is read twice by one node: fine
+    b.output(b.op("Neg", shared), "b")  # ... but also by another: not fused
+    b.output(b.op("Abs", b.op("Neg", i)), "c")  # integers stay
+    g = b.build()
+    assert not ElementwiseFusion().run(g)

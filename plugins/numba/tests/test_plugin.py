@@ -33,7 +33,7 @@ def _net(rng):
         return b.initializer(name, (rng.standard_normal(shape) * scale).astype(np.float32))
 
     h = b.op("Conv", x, init("w1", 8, 6, 3, 3), init("b1", 8), pads=(1, 1, 1, 1))
-    h = b.op("Relu", h)
+    h = b.op("Relu", b.op("Mul", b.op("Add", h, init("shift", 1, 8, 1, 1)), init("k", 1)))
     h = b.op("LRN", h, size=3)
     h = b.op("MaxPool", h, kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1)
     h = b.op("Conv", h, init("w2", 8, 1, 3, 3), group=8, pads=(1, 1, 1, 1))
@@ -54,8 +54,9 @@ def test_results_with_and_without_the_plugin_agree(isolated_registry):
     without = Session(graph).run({"x": x})["out"].numpy()
     isolated_registry.register_plugin(plugin, "numba")
     s = Session(graph)
-    labels = [step.call for step in s.plan_for({"x": x.shape}).steps]
-    assert any("onemodel.numba" in getattr(c, "func", c).__module__ for c in labels)
+    assert "FusedElementwise" in {n.op for n in s.graph.nodes}
+    calls = [getattr(st.call, "func", st.call) for st in s.plan_for({"x": x.shape}).steps]
+    assert sum(c.__module__.startswith("onemodel.numba") for c in calls) >= 4
     np.testing.assert_allclose(s.run({"x": x})["out"].numpy(), without, rtol=1e-5, atol=1e-6)
 
 

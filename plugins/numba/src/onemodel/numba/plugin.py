@@ -22,6 +22,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "LRN": (f"{_K}.norm:lrn", f"{_K}.support:lrn"),
     "Erf": (f"{_K}.activation:erf", f"{_K}.support:unary"),
     "Gelu": (f"{_K}.activation:gelu", f"{_K}.support:unary"),
+    "FusedElementwise": (f"{_K}.fused:fused_elementwise", f"{_K}.support:same_float"),
 }
 
 
@@ -30,3 +31,11 @@ def onemodel_register_kernels(register) -> None:
     for op, (impl, check) in KERNELS.items():
         register(op, impl, device="cpu", dtypes=("F32", "F64"), priority=PRIORITY,
                  supports=check)
+
+
+@hookimpl
+def onemodel_register_passes(register) -> None:
+    # after activation fusion (order 60) has taken the Relu that directly follows a Conv or
+    # Gemm, before dead-code elimination (70)
+    register("elementwise-fusion", "onemodel.runtime.passes.fusion:ElementwiseFusion",
+             order=65)

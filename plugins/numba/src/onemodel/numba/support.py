@@ -48,3 +48,8 @@ def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
 
 def unary(X, *, approximate="none"):
     return X.dtype in _FLOATS and approximate == "none"
+
+
+def same_float(*inputs, program=()):
+    """Every input float32, or every input float64."""
+    return bool(inputs) and _float(*inputs)

@@ -1,12 +1,14 @@
-"""Fused ops (domain ``onemodel``) that the runtime's fusion pass produces: a Conv or Gemm with
-its following activation applied in place, saving one pass over the output. Inference only."""
+"""Fused ops (domain ``onemodel``) that the runtime's fusion passes produce: a Conv or Gemm with
+its following activation applied in place, saving one pass over the output, and a chain of
+elementwise ops as one node. Inference only."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..dtype import FLOATING
 from ..errors import ShapeError
-from .base import defop
+from .base import OPS, TensorSpec, broadcast_shapes, defop, same_dtype
 from .linalg import _gemm_shape, gemm
 from .nn import _conv_shape, conv
 
@@ -50,3 +52,62 @@ def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0
     """Gemm followed by ``activation`` (Relu, Sigmoid or Tanh)."""
     y = gemm.kernel(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB)
     return _activate(y, activation)
+
+
+# elementwise chains ------------------------------------------------------------------------------
+
+# op -> number of tensor operands; Clip's bounds travel as literals in the program
+CHAIN_OPS = {"Add": 2, "Sub": 2, "Mul": 2, "Div": 2, "Relu": 1, "Sigmoid": 1, "Tanh": 1,
+             "Erf": 1, "Exp": 1, "Neg": 1, "Abs": 1, "Sqrt": 1, "Clip": 1}
+
+
+def parse_program(program, n_inputs: int) -> list[tuple[str, list[str], list[float]]]:
+    """``program`` steps ``"Op ref [ref]"`` (refs ``x<k>``: input k, ``t<k>``: step k's result;
+    ``Clip ref lo hi`` with float bounds, ``nan`` for none) as (op, refs, literals)."""
+    steps = []
+    for k, text in enumerate(program):
+        parts = str(text).split()
+        if not parts or parts[0] not in CHAIN_OPS:
+            raise ShapeError(f"FusedElementwise step {k} {text!r}: the op must be one of "
+                             f"{', '.join(CHAIN_OPS)}")
+        op, arity = parts[0], CHAIN_OPS[parts[0]]
+        refs, lits = parts[1:1 + arity], parts[1 + arity:]
+        if len(refs) != arity or len(lits) != (2 if op == "Clip" else 0):
+            raise ShapeError(f"FusedElementwise step {k} {text!r}: {op} takes {arity} operand(s)"
+                             + (" and two bounds" if op == "Clip" else ""))
+        for r in refs:
+            kind, idx = r[:1], r[1:]
+            limit = n_inputs if kind == "x" else k
+            if kind not in ("x", "t") or not idx.isdigit() or int(idx) >= limit:
+                raise ShapeError(f"FusedElementwise step {k} {text!r}: operand {r!r} names no "
+                                 f"input (x0..x{n_inputs - 1}) or earlier step")
+        try:
+            values = [float(v) for v in lits]
+        except ValueError:
+            raise ShapeError(f"FusedElementwise step {k} {text!r}: bounds must be numbers") \
+                from None
+        steps.append((op, refs, values))
+    if not steps:
+        raise ShapeError("FusedElementwise needs a program of at least one step")
+    return steps
+
+
+def _fused_elementwise_shape(specs, *, program=()):
+    parse_program(program, len(specs))
+    dt = same_dtype(list(specs), FLOATING)
+    return TensorSpec(broadcast_shapes(*[s.shape for s in specs]), dt)
+
+
+@defop("FusedElementwise", shape=_fused_elementwise_shape, domain="onemodel")
+def fused_elementwise(*inputs, program=()):
+    """A chain of elementwise ops (bias, activation, residual add, scale, clip) as one node; the
+    runtime's fusion pass makes it and a kernel plugin runs it in one pass. This reference
+    runs the steps one by one with the ops' own kernels."""
+    values: list = []
+    for op, refs, lits in parse_program(program, len(inputs)):
+        args = [inputs[int(r[1:])] if r[0] == "x" else values[int(r[1:])] for r in refs]
+        if op == "Clip":
+            dt = args[0].dtype
+            args += [None if np.isnan(v) else np.asarray(v, dt) for v in lits]
+        values.append(OPS[op].kernel(*args))
+    return values[-1]

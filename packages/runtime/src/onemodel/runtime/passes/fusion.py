@@ -1,0 +1,105 @@
+"""Elementwise fusion: a chain of elementwise ops (bias, activation, residual add, scale, clip)
+becomes one ``FusedElementwise`` node, which a kernel plugin runs in a single pass over memory
+instead of one pass and one temporary per op. A kernel plugin registers this pass along with
+the kernel that makes it pay (``onemodel-numba`` does); the reference kernel runs the steps one
+by one, so a graph fused here still runs without the plugin."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onemodel.tensors import DType
+from onemodel.tensors.ops.fused import CHAIN_OPS
+
+from ..graph import Graph, Node
+from .base import Pass, PassResult, Uses, same_spec
+
+_FLOATS = (DType.F32, DType.F64)
+
+
+class ElementwiseFusion(Pass):
+    name = "elementwise-fusion"
+    changes = ("replaces each chain of two or more elementwise ops (Add, Sub, Mul, Div, Relu, "
+               "Sigmoid, Tanh, Erf, Exp, Neg, Abs, Sqrt, Clip with constant bounds) whose "
+               "intermediate results have one reader and the chain's shape with one "
+               "FusedElementwise node")
+
+    def run(self, graph: Graph) -> PassResult:
+        uses = Uses(graph)
+        specs = None
+        taken: set[int] = set()
+        fused = 0
+        for node in list(graph.nodes):
+            if id(node) in taken or node.op not in CHAIN_OPS:
+                continue
+            if specs is None:
+                specs = graph.validate(allow_unknown=True)
+            if not self._fusable(graph, node, specs):
+                continue
+            final = specs[node.outputs[0]]
+            chain = [node]
+            while True:
+                nxt = uses.sole_consumer(chain[-1].outputs[0])
+                if nxt is None or id(nxt) in taken or nxt.op not in CHAIN_OPS:
+                    break
+                if not self._fusable(graph, nxt, specs):
+                    break
+                if tuple(specs[nxt.outputs[0]].shape) != tuple(final.shape) and len(chain) > 1:
+                    break
+                chain.append(nxt)
+                final = specs[nxt.outputs[0]]
+            if len(chain) < 2 or any(tuple(specs[n.outputs[0]].shape) != tuple(final.shape)
+                                     for n in chain[1:]):
+                continue
+            candidate = self._build(graph, chain)
+            if candidate is None or not same_spec(candidate, specs, [final]):
+                continue
+            for n in chain:
+                taken.add(id(n))
+            at = graph.nodes.index(chain[-1])
+            graph.nodes[at] = candidate
+            for n in chain[:-1]:
+                graph.nodes.remove(n)
+            uses.producer[candidate.outputs[0]] = candidate
+            fused += 1
+        return PassResult(fused)
+
+    @staticmethod
+    def _fusable(graph: Graph, n: Node, specs) -> bool:
+        if len(n.outputs) != 1 or not n.outputs[0]:
+            return False
+        out = specs.get(n.outputs[0])
+        if out is None or out.dtype not in _FLOATS:
+            return False
+        arity = CHAIN_OPS[n.op]
+        if n.op == "Clip":
+            for bound in n.inputs[1:]:
+                value = graph.initializers.get(bound) if bound else None
+                if bound and (value is None or value.size != 1):
+                    return False
+        elif len(n.inputs) != arity:
+            return False
+        return all(specs.get(i) is not None and specs[i].dtype == out.dtype
+                   for i in n.inputs[:arity])
+
+    @staticmethod
+    def _build(graph: Graph, chain: list[Node]) -> Node | None:
+        refs: dict[str, str] = {}
+        inputs: list[str] = []
+        program: list[str] = []
+        for k, n in enumerate(chain):
+            args = []
+            for name in n.inputs[:CHAIN_OPS[n.op]]:
+                if name not in refs:
+                    refs[name] = f"x{len(inputs)}"
+                    inputs.append(name)
+                args.append(refs[name])
+            if n.op == "Clip":
+                bounds = [n.inputs[i] if len(n.inputs) > i else "" for i in (1, 2)]
+                args += [repr(float(np.asarray(graph.initializers[b]).reshape(-1)[0]))
+                         if b else "nan" for b in bounds]
+            program.append(" ".join([n.op, *args]))
+            refs[n.outputs[0]] = f"t{k}"
+        last = chain[-1]
+        return Node("FusedElementwise", inputs, [last.outputs[0]], {"program": program},
+                    last.name)
