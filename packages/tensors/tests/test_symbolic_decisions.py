@@ -114,3 +114,14 @@ def test_range_over_a_symbolic_bound_has_a_symbolic_length():
     assert evaluate(out.shape[0], {"seq": 4}) == 2 and evaluate(out.shape[0], {"seq": 5}) == 2
     with pytest.raises(ShapeError, match="constant positive step"):
         OPS["Range"].infer([i64(S), i64(0), i64(-1)])
+
+
+def test_floor_division_of_a_sum_divides_exact_terms():
+    n, m = DimExpr.symbol("n"), DimExpr.symbol("m")
+    for expr, oracle in [((2 * n + 1) // 2, lambda n, m: (2 * n + 1) // 2),
+                         ((4 * n + 6 * m + 3) // 2, lambda n, m: (4 * n + 6 * m + 3) // 2),
+                         ((2 * n - 1) // 2, lambda n, m: (2 * n - 1) // 2),
+                         ((n + 1) // 2, lambda n, m: (n + 1) // 2)]:
+        for a in range(0, 7):
+            assert evaluate(expr, {"n": a, "m": 3}) == oracle(a, 3)
+    assert (2 * n + 1) // 2 == n and str((n + 1) // 2) == "(1 + n) // 2"

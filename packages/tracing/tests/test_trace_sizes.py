@@ -439,3 +439,28 @@ def test_a_constant_drawn_at_random_in_forward_is_not_taken_for_a_size():
     (noise,) = traced.graph.initializers.values()
     x = f32(5, 3)
     np.testing.assert_allclose(traced.run({"x": x})["output"].numpy(), x + noise, rtol=1e-6)
+
+
+def stepped(x):
+    n = x.shape[1]
+    return x * Tensor.arange(n, dtype="F32") + Tensor.arange(1, n * 2, 2).cast("F32")
+
+
+def test_arange_with_a_step_and_a_float_dtype_over_a_symbolic_bound():
+    traced = Tracer(stepped).trace({"x": Tensor.randn(2, 4)}, axes={"x": (None, "n")})
+    assert traced.outputs[0].shape == (2, "n")
+    for n in (1, 3, 9):
+        x = f32(2, n, seed=n)
+        np.testing.assert_allclose(traced.run({"x": x})["output"].numpy(),
+                                   x * np.arange(n) + np.arange(1, 2 * n, 2), rtol=1e-6)
+
+
+def fractional(x):
+    return x + Tensor.arange(0.5, x.shape[1])  # fractional start
+
+
+def test_arange_with_a_fractional_start_over_a_symbolic_bound_is_refused():
+    with pytest.raises(TraceError) as err:
+        Tracer(fractional).trace({"x": Tensor.randn(2, 4)}, axes={"x": (None, "n")})
+    assert "arange with a symbolic bound" in err.value.operation
+    assert err.value.location == line_of(fractional, "# fractional start")

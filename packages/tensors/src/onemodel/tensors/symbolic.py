@@ -187,6 +187,19 @@ def mul(a: Dim, b: Dim) -> Dim:
 def floordiv(a: Dim, b: Dim) -> Dim:
     if not isinstance(a, DimExpr) and not isinstance(b, DimExpr):
         return int(a) // int(b)
+    if not isinstance(b, DimExpr) and int(b) > 0 and isinstance(a, DimExpr) and a.kind == "+":
+        # (2 * n + 1) // 2 -> n: every symbolic term divides exactly, the constant floors
+        d, out, const = int(b), 0, 0
+        for t in a.args:
+            if not isinstance(t, DimExpr):
+                const += int(t)
+                continue
+            c, base = _coef_base(t)
+            if c % d:
+                break
+            out = add(out, mul(base, c // d))
+        else:
+            return add(out, const // d)
     # cancel factors the divisor shares with a product: (12 * s) // s -> 12, (s * 6) // 3 -> s * 2
     num, den = _terms(a, "*"), _terms(b, "*")
     num_const = _const_product(num)

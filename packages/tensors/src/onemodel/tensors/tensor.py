@@ -97,9 +97,15 @@ class Tensor:
         dt = DType.of(dtype)
         bounds = (start, stop, step)
         if trace_state.active is not None and any(isinstance(v, SymInt) for v in bounds):
-            return dispatch("Range", tuple(
-                trace_state.active.scalar_operand(v, dt.numpy) if isinstance(v, SymInt)
-                else cls._wrap(np.asarray(v, dt.numpy)) for v in bounds))
+            if not all(isinstance(v, (int, np.integer)) for v in bounds):
+                trace_state.refuse("arange with a symbolic bound and a fractional start or step",
+                                   "the number of elements would be frozen",
+                                   "use integer bounds and scale the result")
+            i64 = np.dtype(np.int64)  # sizes are integers; the graph casts after the Range
+            out = dispatch("Range", tuple(
+                trace_state.active.scalar_operand(v, i64) if isinstance(v, SymInt)
+                else cls._wrap(np.asarray(v, i64)) for v in bounds))
+            return out if dt is DType.I64 else out.cast(dt)
         return cls._wrap(np.arange(start, stop, step, dtype=dt.numpy))
 
     @classmethod
