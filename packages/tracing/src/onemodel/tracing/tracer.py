@@ -27,7 +27,7 @@ from onemodel.tensors import DimExpr, DType, OneModelError, Tensor, TensorSpec, 
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.symbolic import Dim, SymBool, SymInt, as_dim, evaluate, internal_file
 
-from .decisions import classify
+from .decisions import Verdict, classify
 from .errors import TraceError, TraceWarning, user_location
 from .traced import TracedData, TracedTensor
 from .verify import Difference, first_difference, unstable_constants
@@ -60,6 +60,7 @@ class Tracer:
         self._values: dict[str, TensorSpec] = {}  # spec of every traced value
         self._locations: list[str] = []  # the user's file:line of each node, in order
         self._match_sizes: dict[str, int] | None = None  # the first trace's example sizes
+        self._verdicts: dict[str, Verdict] = {}  # condition text -> what decide() made of it
 
     # the public entry point ------------------------------------------------------------------
     def trace(self, inputs: Mapping[str, Tensor], axes: Mapping[str, Sequence[str | None]] | None = None,
@@ -196,10 +197,12 @@ class Tracer:
     def decide(self, decision: SymBool) -> bool:
         """The outcome of a comparison of symbolic sizes used as a bool: recorded as a guard when
         it holds for a range of sizes; TraceError when it pins an axis to one size."""
-        verdict = classify(decision, self._examples)
+        condition = decision.condition()
+        verdict = self._verdicts.get(condition)
+        if verdict is None:  # the same decision in a loop is classified once
+            verdict = self._verdicts[condition] = classify(decision, self._examples)
         if verdict.kind == "always":
             return decision.value
-        condition = decision.condition()
         if verdict.kind == "pin":
             raise TraceError(
                 f"the comparison '{condition}' on symbolic axis {verdict.axis!r} used as a bool",
