@@ -286,8 +286,8 @@ def _constant_of_shape(node, label: str, inputs, outputs, attrs, graph: Graph) -
 
 
 def _convert_node(node, op, label, inputs, outputs, attrs, opset, graph: Graph, fresh) -> None:
-    if not outputs or not outputs[0]:
-        raise OnnxFormatError(f"{label}: the node has no output")
+    if op in ("Constant", "ConstantOfShape") and (not outputs or not outputs[0]):
+        raise OnnxFormatError(f"{label}: a {op} needs its output")
     if op == "Constant":
         graph.initializers[outputs[0]] = _constant(node, label, attrs)
         return
