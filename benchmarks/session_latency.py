@@ -1,6 +1,7 @@
 """Session latency of a hand-built MLP 784-256-256-10 at batch 1 and 64, against eager forward
-(the same layers through onemodel.training) and onnxruntime on the same graph, one thread each,
-plus the executor's per-node overhead (a chain of 200 Adds on one-element tensors).
+(the same layers through onemodel.training) and onnxruntime on the same graph, one thread each;
+the small CNN of the runtime tests (Conv, BatchNorm, ReLU, pooling, Gemm) at batch 8 against
+onnxruntime; plus the executor's per-node overhead (a chain of 200 Adds on one-element tensors).
 
 Each figure is the median of several repeats; the three engines are timed interleaved.
 
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import os
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+             "ONEMODEL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
@@ -23,7 +25,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "packages/runtime/tests"))
-from runtime_graphs import mlp  # noqa: E402
+from runtime_graphs import conv_net, mlp  # noqa: E402
 
 from onemodel.runtime import GraphBuilder, Session  # noqa: E402
 from onemodel.tensors import DType, Tensor  # noqa: E402
@@ -93,6 +95,26 @@ def main() -> None:
         s, e = statistics.median(s_times), statistics.median(e_times)
         o = statistics.median(o_times) if o_times else float("nan")
         print(f"{batch:5d} {s:11.1f} {e:9.1f} {o:8.1f} {s / e:8.2f}x {s / o:6.2f}x")
+
+    if ort_session is not None:
+        from onemodel.onnx.export import to_model
+
+        cnn = conv_net()
+        cnn_session = Session(cnn)
+        cnn_ort = ort.InferenceSession(to_model(cnn).SerializeToString(), opts,
+                                       providers=["CPUExecutionProvider"])
+        x = np.random.default_rng(8).standard_normal((8, 3, 16, 16)).astype(np.float32)
+        name = cnn.inputs[0].name
+        np.testing.assert_allclose(cnn_session.run({name: x})[cnn.outputs[0].name].numpy(),
+                                   cnn_ort.run(None, {name: x})[0], rtol=1e-4, atol=1e-4)
+        ratios = []
+        for _ in range(args.repeats):
+            s_us = median_us(lambda x=x: cnn_session.run({name: x}), args.number // 4, 1)
+            o_us = median_us(lambda x=x: cnn_ort.run(None, {name: x}), args.number // 4, 1)
+            ratios.append((s_us, o_us, s_us / o_us))
+        s_us, o_us, r = (statistics.median(v) for v in zip(*ratios))
+        print(f"\nCNN batch 8: session {s_us:.1f} us, ort {o_us:.1f} us, {r:.2f}x "
+              "(median of paired ratios)")
 
     b = GraphBuilder("chain")
     v = b.input("x", DType.F32, (1,))

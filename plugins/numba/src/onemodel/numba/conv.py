@@ -14,15 +14,20 @@ from onemodel.tensors.ops.nn import _geometry
 from ._jit import jit, sync_threads
 
 ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3}
+_COLS_BUDGET = 32 << 20  # bytes of im2col columns built at once
 _NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
 
 
 @jit(parallel=True)
 def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols):
-    """cols[(c, i, j), (y, x)] = x[c, y*sh - ph + i*dh, x*sw - pw + j*dw] (0 outside)."""
-    c_in, h, w = x.shape
+    """cols[n, (c, i, j), (y, x)] = x[n, c, y*sh - ph + i*dh, x*sw - pw + j*dw] (0 outside),
+    for a batch of images at once."""
+    n_img, c_in, h, w = x.shape
     kk = kh * kw
-    for r in prange(c_in * kk):
+    rows = c_in * kk
+    for t in prange(n_img * rows):
+        n = t // rows
+        r = t % rows
         c = r // kk
         i = (r % kk) // kw
         j = r % kw
@@ -34,23 +39,28 @@ def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols):
         hi = ow
         while hi > lo and (hi - 1) * sw + off >= w:
             hi -= 1
-        row = cols[r]
+        row = cols[n, r]
+        src_img = x[n, c]
         for y in range(oh):
             iy = y * sh - ph + i * dh
             seg = row[y * ow:(y + 1) * ow]
             if iy < 0 or iy >= h or lo >= hi:
-                seg[:] = 0
+                for q in range(ow):
+                    seg[q] = 0
                 continue
-            seg[:lo] = 0
-            seg[hi:] = 0
-            src = x[c, iy]
+            for q in range(lo):
+                seg[q] = 0
+            for q in range(hi, ow):
+                seg[q] = 0
+            src = src_img[iy]
             if sw == 1:
-                seg[lo:hi] = src[lo + off:hi + off]
+                part = src[lo + off:hi + off]
+                for q in range(hi - lo):
+                    seg[lo + q] = part[q]
             else:
-                part = seg[lo:hi]
                 first = lo * sw + off
                 for q in range(hi - lo):
-                    part[q] = src[first + q * sw]
+                    seg[lo + q] = src[first + q * sw]
 
 
 @jit(parallel=True)
@@ -157,16 +167,20 @@ def _conv(X, W, B, activation, auto_pad, dilations, group, kernel_shape, pads, s
         w3 = W.reshape(group, mg, -1)
         y3 = y.reshape(n, group, mg, length)
         direct = k == (1, 1) and s == (1, 1) and pb == (0, 0) and (oh, ow) == X.shape[2:]
-        if direct:
-            x4 = X.reshape(n, group, cg, length)
-            for i in range(n):
-                np.matmul(w3, x4[i], out=y3[i])
+        if direct:  # the input already is the GEMM operand: one batched GEMM
+            np.matmul(w3, X.reshape(n, group, cg, length), out=y3)
         else:
-            cols = np.empty((c * k[0] * k[1], length), X.dtype)
-            cols3 = cols.reshape(group, cg * k[0] * k[1], length)
-            for i in range(n):
-                _im2col(X[i], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh, ow, cols)
-                np.matmul(w3, cols3, out=y3[i])
+            # columns for a few images at a time (bounded memory), then one batched GEMM
+            per_image = c * k[0] * k[1] * length
+            step = max(1, min(n, _COLS_BUDGET // max(per_image * X.itemsize, 1)))
+            cols = np.empty((step, c * k[0] * k[1], length), X.dtype)
+            for start in range(0, n, step):
+                m_img = min(step, n - start)
+                part = cols[:m_img]
+                _im2col(X[start:start + m_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
+                        d[1], oh, ow, part)
+                np.matmul(w3, part.reshape(m_img, group, cg * k[0] * k[1], length),
+                          out=y3[start:start + m_img])
     act = ACT_CODES[activation]
     if B is not None or act:
         bias = np.ascontiguousarray(B, dtype=X.dtype) if B is not None else _NO_BIAS[X.dtype]
