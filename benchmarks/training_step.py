@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = "1"  # before numpy loads its BLAS
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+             "ONEMODEL_NUM_THREADS"):
+    os.environ[_var] = "1"  # before numpy loads its BLAS; ONEMODEL_: numba kernels too
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
