@@ -148,6 +148,15 @@ def test_a_round_trip_with_adam_betas_still_works(tmp_path):
     assert opt.param_groups[0]["betas"] == (0.8, 0.9) and opt.param_groups[0]["lr"] == 0.01
 
 
+def test_a_255_mib_header_is_refused_by_default(tmp_path):
+    path = tmp_path / "big.checkpoint"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", 255 * 2**20) + b"{}")
+        f.truncate(8 + 255 * 2**20)  # sparse
+    with pytest.raises(CheckpointError, match="more than the limit of 67108864"):
+        Checkpoint.load(path, Linear(3, 4))
+
+
 def test_the_header_length_is_bounded_before_parsing(tmp_path, monkeypatch):
     path = _saved(tmp_path)
     monkeypatch.setenv("ONEMODEL_MAX_HEADER_BYTES", "64")

@@ -248,19 +248,26 @@ def read_safetensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Read and validate a safetensors-layout file; every size is checked before use."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        f = open(path, "rb")  # noqa: SIM115 - closed by the with-block below
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint file") from None
-    if len(data) < 8:
-        raise CheckpointError(f"{path}: truncated (only {len(data)} bytes)")
-    (n,) = struct.unpack("<Q", data[:8])
-    if 8 + n > len(data):
-        raise CheckpointError(f"{path}: corrupt or truncated header (claims {n} bytes, file has "
-                              f"{len(data) - 8})")
-    limit = load_limit("HEADER_BYTES")
-    if n > limit:
-        raise CheckpointError(f"{path}: the header is {n} bytes, more than the limit of {limit}; "
-                              "raise ONEMODEL_MAX_HEADER_BYTES if this checkpoint is genuine")
+    with f:  # the lengths are checked before the file is read
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise CheckpointError(f"{path}: truncated (only {size} bytes)")
+        (n,) = struct.unpack("<Q", f.read(8))
+        if 8 + n > size:
+            raise CheckpointError(f"{path}: corrupt or truncated header (claims {n} bytes, file "
+                                  f"has {size - 8})")
+        limit = load_limit("HEADER_BYTES")
+        if n > limit:
+            raise CheckpointError(f"{path}: the header is {n} bytes, more than the limit of "
+                                  f"{limit}; raise ONEMODEL_MAX_HEADER_BYTES if this checkpoint "
+                                  "is genuine")
+        data = bytearray(size)
+        f.seek(0)
+        if f.readinto(data) != size:
+            raise CheckpointError(f"{path}: the file changed while it was read")
     try:
         header = read_json(memoryview(data)[8 : 8 + n])
     except OneModelError as exc:
