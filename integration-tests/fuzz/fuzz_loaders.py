@@ -35,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = [None, True, False, -1, 0, 1, 2**31, 2**62, 2**63 - 1, -(2**63), 1.5, 1e308,
            float("inf"), float("-inf"), float("nan"), "", "x" * 5000, "batch // 0",
-           "(" * 40 + "b" + ")" * 40, "\u00b2", [], {}, [[[[[]]]]], [40000, 40000],
+           "(" * 40 + "b" + ")" * 40, "\u00b2", "9" * 300 + " * 1.5 > 0", "batch // 0 > 1",
+           "1 < 2 < 3", "nope > 1", [], {}, [[[[[]]]]], [40000, 40000],
            [2**40, 2**40], {"i": 1}, {"none": True}, "F32", "I64", "Relu"]
 HUGE_SHAPES = [[40000, 40000], [2**31, 2**31], [0, 2**62], [2**20, 2**20, 2**20], [-1, 5],
                [1, 1 << 40]]
@@ -47,7 +48,12 @@ def _graph():
     sys.path.insert(0, str(ROOT / "packages" / "runtime" / "tests"))
     from runtime_graphs import conv_net
 
-    return conv_net()
+    from onemodel.runtime.graph import Guard
+
+    g = conv_net()
+    g.guards = [Guard("batch * 2 >= 2", "batch", "fuzz_loaders.py:1"),
+                Guard("batch % 1 == 0", "batch", "fuzz_loaders.py:2")]
+    return g
 
 
 def good_native(folder: Path) -> bytes:
@@ -227,7 +233,7 @@ def mutate_onnx(good: bytes, rng: random.Random) -> tuple[bytes, str]:
         m.metadata_props.extend(keep)
     kinds = ["dims", "dtype", "raw", "op", "drop input", "empty input", "attr", "drop attr",
              "dim", "opset", "constant of shape", "constant", "no graph", "no outputs",
-             "repeat nodes", "checksum"]
+             "repeat nodes", "checksum", "guards"]
     kind = rng.choice(kinds)
     if kind == "dims" and g.initializer:
         t = rng.choice(g.initializer)
@@ -292,6 +298,17 @@ def mutate_onnx(good: bytes, rng: random.Random) -> tuple[bytes, str]:
     elif kind == "repeat nodes":
         extra = [copy.deepcopy(n) for n in g.node] * 20
         g.node.extend(extra)
+    elif kind == "guards":
+        entry = next((p for p in m.metadata_props if p.key == "onemodel.guards"), None)
+        if entry is not None:
+            guards = json.loads(entry.value)
+            if rng.random() < 0.7:
+                kind += ": " + mutate_tree(guards, rng)
+                entry.value = json.dumps(guards)
+            else:
+                entry.value = rng.choice(["", "[", "{}", "Infinity", "[" * 5000, "[1e400]",
+                                          '[{"condition": "' + "9" * 300 + ' * 1.5 > 0", '
+                                          '"axis": "b", "location": "x"}]'])
     elif kind == "checksum":
         m.metadata_props.add(key="onemodel.initializers_crc32", value="00000000")
     data = m.SerializeToString()

@@ -130,6 +130,19 @@ def test_text_that_is_not_utf8_is_refused(tmp_path, field):
         load_onnx(path)
 
 
+@pytest.mark.parametrize("text,message", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('[{"condition": "' + "9" * 350 + ' * 1.5 > 0", "axis": "b", "location": "x"}]',
+     "cannot be read \\(OverflowError"),
+    ("[Infinity]", "Infinity"),
+])
+def test_hostile_guards_in_metadata_are_onemodel_errors(text, message):
+    model = _model([helper.make_node("Relu", ["x"], ["y"])])
+    model.metadata_props.add(key="onemodel.guards", value=text)
+    with pytest.raises(OneModelError, match=message):
+        from_model(model)
+
+
 def test_constant_of_shape_is_bounded_before_it_allocates(tmp_path):
     model = _model([helper.make_node("ConstantOfShape", ["s"], ["y"])],
                    [helper.make_tensor("s", TensorProto.INT64, [2], [40000, 40000])])

@@ -24,9 +24,9 @@ import numpy as np
 
 from onemodel.runtime import Graph, Node, ValueInfo
 from onemodel.runtime.dims import parse_dim
-from onemodel.runtime.guards import METADATA_KEY, guards_from_json
+from onemodel.runtime.guards import METADATA_KEY, guards_from_list
 from onemodel.tensors import DimExpr, OneModelError
-from onemodel.tensors.fileio import load_limit
+from onemodel.tensors.fileio import load_limit, read_json
 from onemodel.tensors.ops import OPS
 
 from .dtypes import from_onnx
@@ -112,7 +112,12 @@ def from_model(model, name: str = "graph") -> Graph:
         graph.initializers[k] = arr
     for node in g.node:
         _convert(node, opset, graph, fresh)
-    graph.guards = guards_from_json(graph.metadata.pop(METADATA_KEY, "[]"))
+    text = graph.metadata.pop(METADATA_KEY, "[]")
+    try:
+        graph.guards = guards_from_list(read_json(text, f"metadata {METADATA_KEY!r}"))
+    except ArithmeticError as exc:  # a hostile guard's arithmetic (an int too large for a float)
+        raise OnnxFormatError(f"the guards in metadata {METADATA_KEY!r} cannot be read "
+                              f"({type(exc).__name__}: {exc})") from None
     graph.validate(allow_unknown=True)
     return graph
 
