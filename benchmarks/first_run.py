@@ -1,0 +1,61 @@
+"""First run of a saved ResNet-50-class graph in a fresh process: load the file, make the
+session, run once, against the steady-state run time of the same session. Run it twice: the
+first time fills numba's on-disk cache (NUMBA_CACHE_DIR), the second shows a warm cache.
+
+    python benchmarks/first_run.py [--network resnet50]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("ONEMODEL_NUM_THREADS", "1")
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = """
+import time, sys
+t0 = time.perf_counter()
+import numpy as np
+from onemodel.runtime import Session
+s = Session.load(sys.argv[1])
+x = np.random.default_rng(0).standard_normal({shape}).astype(np.float32)
+t1 = time.perf_counter()
+s.run({{{key!r}: x}})
+t2 = time.perf_counter()
+steady = []
+for _ in range(5):
+    a = time.perf_counter(); s.run({{{key!r}: x}}); steady.append(time.perf_counter() - a)
+steady.sort()
+print(t1 - t0, t2 - t1, steady[2])
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--network", default="resnet50")
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration-tests" / "onnx"))
+    import zoo
+
+    model = zoo.randomized(zoo.load(args.network), seed=1)
+    key, x = zoo.data_input(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{args.network}.onnx")
+        Path(path).write_bytes(model.SerializeToString())
+        code = CHILD.format(shape=tuple(x.shape), key=key)
+        for label in ("first process", "second process (warm numba cache)"):
+            out = subprocess.run([sys.executable, "-c", code, path], capture_output=True,
+                                 text=True, check=True).stdout.split()
+            load, first, steady = (float(v) for v in out)
+            print(f"{label:34s} import+load+session {load:6.2f} s, first run {first:6.2f} s, "
+                  f"steady run {steady:6.3f} s, first - steady {first - steady:6.2f} s",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
