@@ -299,3 +299,15 @@ def test_elementwise_fusion_leaves_shared_and_integer_values():
     b.output(b.op("Abs", b.op("Neg", i)), "c")  # integers stay
     g = b.build()
     assert not ElementwiseFusion().run(g)
+
+
+def test_a_residual_sum_joins_the_chain():
+    from onemodel.runtime.passes.fusion import ElementwiseFusion
+
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 5))
+    y = b.input("y", DType.F32, ("batch", 5))
+    b.output(b.op("Relu", b.op("Sum", x, y)), "out")
+    g, _ = _check(b.build(), [ElementwiseFusion()], expect_ops_gone=("Sum", "Relu"))
+    fused = next(n for n in g.nodes if n.op == "FusedElementwise")
+    assert fused.attrs["program"] == ["Add x0 x1", "Relu t0"]

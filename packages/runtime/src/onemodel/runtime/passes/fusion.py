@@ -17,9 +17,15 @@ from .base import Pass, PassResult, Uses, same_spec
 _FLOATS = (DType.F32, DType.F64)
 
 
+def _op(n: Node) -> str:
+    """The chain op a node computes: a two-input Sum (a residual add in ONNX files) is Add."""
+    return "Add" if n.op == "Sum" and len(n.inputs) == 2 else n.op
+
+
 class ElementwiseFusion(Pass):
     name = "elementwise-fusion"
-    changes = ("replaces each chain of two or more elementwise ops (Add, Sub, Mul, Div, Relu, "
+    changes = ("replaces each chain of two or more elementwise ops (Add or two-input Sum, Sub, "
+               "Mul, Div, Relu, "
                "Sigmoid, Tanh, Erf, Exp, Neg, Abs, Sqrt, Clip with constant bounds) whose "
                "intermediate results have one reader and the chain's shape with one "
                "FusedElementwise node")
@@ -30,7 +36,7 @@ class ElementwiseFusion(Pass):
         taken: set[int] = set()
         fused = 0
         for node in list(graph.nodes):
-            if id(node) in taken or node.op not in CHAIN_OPS:
+            if id(node) in taken or _op(node) not in CHAIN_OPS:
                 continue
             if specs is None:
                 specs = graph.validate(allow_unknown=True)
@@ -40,7 +46,7 @@ class ElementwiseFusion(Pass):
             chain = [node]
             while True:
                 nxt = uses.sole_consumer(chain[-1].outputs[0])
-                if nxt is None or id(nxt) in taken or nxt.op not in CHAIN_OPS:
+                if nxt is None or id(nxt) in taken or _op(nxt) not in CHAIN_OPS:
                     break
                 if not self._fusable(graph, nxt, specs):
                     break
@@ -71,7 +77,7 @@ class ElementwiseFusion(Pass):
         out = specs.get(n.outputs[0])
         if out is None or out.dtype not in _FLOATS:
             return False
-        arity = CHAIN_OPS[n.op]
+        arity = CHAIN_OPS[_op(n)]
         if n.op == "Clip":
             for bound in n.inputs[1:]:
                 value = graph.initializers.get(bound) if bound else None
@@ -89,7 +95,7 @@ class ElementwiseFusion(Pass):
         program: list[str] = []
         for k, n in enumerate(chain):
             args = []
-            for name in n.inputs[:CHAIN_OPS[n.op]]:
+            for name in n.inputs[:CHAIN_OPS[_op(n)]]:
                 if name not in refs:
                     refs[name] = f"x{len(inputs)}"
                     inputs.append(name)
@@ -98,7 +104,7 @@ class ElementwiseFusion(Pass):
                 bounds = [n.inputs[i] if len(n.inputs) > i else "" for i in (1, 2)]
                 args += [repr(float(np.asarray(graph.initializers[b]).reshape(-1)[0]))
                          if b else "nan" for b in bounds]
-            program.append(" ".join([n.op, *args]))
+            program.append(" ".join([_op(n), *args]))
             refs[n.outputs[0]] = f"t{k}"
         last = chain[-1]
         return Node("FusedElementwise", inputs, [last.outputs[0]], {"program": program},
