@@ -39,28 +39,25 @@ def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols):
         hi = ow
         while hi > lo and (hi - 1) * sw + off >= w:
             hi -= 1
+        # one view per row and plane, none in the loops (a view costs a reference count);
+        # unsigned indices skip numba's negative-index wraparound, so the copies vectorize
         row = cols[n, r]
-        src_img = x[n, c]
+        plane = x[n, c]
         for y in range(oh):
             iy = y * sh - ph + i * dh
-            seg = row[y * ow:(y + 1) * ow]
+            base = y * ow
             if iy < 0 or iy >= h or lo >= hi:
                 for q in range(ow):
-                    seg[q] = 0
+                    row[np.uint64(base + q)] = 0
                 continue
             for q in range(lo):
-                seg[q] = 0
+                row[np.uint64(base + q)] = 0
             for q in range(hi, ow):
-                seg[q] = 0
-            src = src_img[iy]
-            if sw == 1:
-                part = src[lo + off:hi + off]
-                for q in range(hi - lo):
-                    seg[lo + q] = part[q]
-            else:
-                first = lo * sw + off
-                for q in range(hi - lo):
-                    seg[lo + q] = src[first + q * sw]
+                row[np.uint64(base + q)] = 0
+            src = plane[iy]
+            start = lo * sw + off
+            for q in range(hi - lo):
+                row[np.uint64(base + lo + q)] = src[np.uint64(start + q * sw)]
 
 
 @jit(parallel=True)
