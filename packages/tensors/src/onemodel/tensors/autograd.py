@@ -79,6 +79,12 @@ def _on_enter(enabled: bool) -> None:
         hook(enabled)
 
 
+# Data-parallel training reduces gradients while backward still runs. Each hook here is called
+# with a leaf once no later node of this backward pass can add to its gradient, then with None
+# when the pass ends. An empty list costs one check per backward() call.
+_grad_ready_hooks: list = []
+
+
 class Node:
     """One recorded op application: what its gradient rule needs.
 
@@ -139,12 +145,16 @@ def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
     order = _topological(root._node)
     pending: dict[int, list] = {id(root._node): [None] * len(root._node._saved)}
     pending[id(root._node)][root._index] = gradient
+    uses = _leaf_uses(order) if _grad_ready_hooks else None
     prev = grad_mode.enabled
     grad_mode.enabled = create_graph
     try:
         for node in order:
             gouts = pending.pop(id(node), None)
+            ready = _release_leaves(node, uses) if uses is not None else None
             if gouts is None or all(g is None for g in gouts):
+                if ready:
+                    _fire_ready(ready)
                 continue
             if node.inputs is None:
                 raise AutogradError(
@@ -175,8 +185,41 @@ def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
                     slot[inp._index] = g if prev_g is None else prev_g + g
             if not retain_graph:
                 node.inputs = None
+            if ready:
+                _fire_ready(ready)
     finally:
         grad_mode.enabled = prev
+    if uses is not None:
+        for hook in _grad_ready_hooks:
+            hook(None)
+
+
+def _leaf_uses(order: list[Node]) -> dict[int, list]:
+    """For each leaf that requires grad: [leaf, how many nodes of this pass may add to it]."""
+    uses: dict[int, list] = {}
+    for node in order:
+        for inp in node.inputs or ():
+            if inp is not None and inp._node is None and inp.requires_grad:
+                uses.setdefault(id(inp), [inp, 0])[1] += 1
+    return uses
+
+
+def _release_leaves(node: Node, uses: dict[int, list]) -> list:
+    """The leaves whose last contributing node is ``node`` (read before it drops its inputs)."""
+    done = []
+    for inp in node.inputs or ():
+        entry = None if inp is None else uses.get(id(inp))
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] == 0:
+                done.append(entry[0])
+    return done
+
+
+def _fire_ready(leaves: list) -> None:
+    for leaf in leaves:
+        for hook in _grad_ready_hooks:
+            hook(leaf)
 
 
 def _accumulate(leaf: Tensor, g: Tensor, handed: set[int]) -> None:
