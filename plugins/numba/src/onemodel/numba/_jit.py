@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import os
 
-# numba's OpenMP workers must sleep, not spin, between kernels: the BLAS runs its own threads
-# on the same cores between them. Read by libgomp when numba first starts its pool.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import numba
 from onemodel.tensors import threads
 
@@ -55,6 +51,12 @@ def sync_threads() -> None:
     global _applied, _parallel
     if _applied != threads.generation or _applied < 0:
         n = min(threads.num_threads(), numba.config.NUMBA_NUM_THREADS)
+        if n > 1:
+            # numba's OpenMP workers must sleep, not spin, between kernels: the BLAS runs its
+            # own threads on the same cores. libgomp reads this when numba first starts its
+            # pool (the first parallel kernel); with one thread nothing is set, so other
+            # OpenMP users in the process (PyTorch) keep their own policy.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         numba.set_num_threads(n)
         _parallel = n > 1
         _applied = threads.generation
