@@ -25,6 +25,14 @@ CASES = [
     ("Conv", [(3, 12, 5, 6), (9, 4, 1, 1), (9,)], dict(group=3)),
     ("Conv", [(3, 5, 8, 8), (7, 5, 3, 3)], dict(auto_pad="SAME_UPPER", strides=(2, 2))),
     ("Conv", [(1, 3, 15, 15), (4, 3, 7, 7), (4,)], dict(strides=(2, 2), pads=(3, 3, 3, 3))),
+    *[(grad, [x, w, ("out", "Conv", a)], a) for grad in ("ConvInputGrad", "ConvWeightGrad")
+      for x, w, a in (((2, 8, 17, 13), (6, 8, 3, 3), dict(pads=(1, 1, 1, 1))),
+                      ((2, 8, 9, 7), (6, 4, 3, 2), dict(group=2, strides=(2, 1), pads=(1, 0, 2, 1),
+                                                        dilations=(1, 2))),
+                      ((3, 6, 11, 13), (12, 1, 5, 3), dict(group=6, strides=(2, 3),
+                                                           pads=(2, 1, 0, 1))),
+                      ((3, 5, 8, 8), (7, 5, 3, 3), dict(auto_pad="SAME_UPPER", strides=(2, 2))),
+                      ((3, 12, 5, 6), (9, 4, 1, 1), dict(group=3)))],
     *[("FusedConv", [(2, 6, 9, 9), (4, 6, 3, 3), (4,)], dict(activation=a, pads=(1, 1, 1, 1)))
       for a in ("Relu", "Sigmoid", "Tanh")],
     ("FusedConv", [(1, 6, 9, 9), (6, 1, 3, 3), (6,)], dict(activation="Relu", group=6,
@@ -80,7 +88,7 @@ def _inputs(op, specs, attrs, dtype, seed):
     for i, s in enumerate(specs):
         if isinstance(s, tuple) and s and s[0] == "out":
             _, fwd, fattrs = s
-            shape = OPS[fwd].kernel(arrays[0], **fattrs).shape
+            shape = OPS[fwd].kernel(*arrays[:i], **fattrs).shape
             arrays[i] = rng.standard_normal(shape).astype(dtype)
     return arrays
 

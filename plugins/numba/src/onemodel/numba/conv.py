@@ -13,6 +13,7 @@ from onemodel.tensors.ops.nn import _geometry
 
 from ._jit import jit, sync_threads
 
+U = np.uint64
 ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3}
 _COLS_BUDGET = 32 << 20  # bytes of im2col columns built at once
 _NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
@@ -48,16 +49,48 @@ def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols):
             base = y * ow
             if iy < 0 or iy >= h or lo >= hi:
                 for q in range(ow):
-                    row[np.uint64(base + q)] = 0
+                    row[U(base + q)] = 0
                 continue
             for q in range(lo):
-                row[np.uint64(base + q)] = 0
+                row[U(base + q)] = 0
             for q in range(hi, ow):
-                row[np.uint64(base + q)] = 0
+                row[U(base + q)] = 0
             src = plane[iy]
             start = lo * sw + off
             for q in range(hi - lo):
-                row[np.uint64(base + lo + q)] = src[np.uint64(start + q * sw)]
+                row[U(base + lo + q)] = src[U(start + q * sw)]
+
+
+@jit(parallel=True)
+def _col2im(dcols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, dx):
+    """The adjoint of :func:`_im2col`: dx[n, c, ...] += every column entry that read it. One
+    (image, channel) plane per task, so no two tasks write the same element."""
+    n_img, c_in, h, w = dx.shape
+    kk = kh * kw
+    for t in prange(n_img * c_in):
+        n = t // c_in
+        c = t % c_in
+        plane = dx[n, c]
+        for a in range(h):
+            for b in range(w):
+                plane[U(a), U(b)] = 0
+        for i in range(kh):
+            for j in range(kw):
+                row = dcols[n, c * kk + i * kw + j]
+                off = j * dw - pw
+                lo = 0
+                while lo < ow and lo * sw + off < 0:
+                    lo += 1
+                hi = ow
+                while hi > lo and (hi - 1) * sw + off >= w:
+                    hi -= 1
+                for y in range(oh):
+                    iy = y * sh - ph + i * dh
+                    if iy < 0 or iy >= h:
+                        continue
+                    base = y * ow
+                    for q in range(lo, hi):
+                        plane[U(iy), U(q * sw + off)] += row[U(base + q)]
 
 
 @jit(parallel=True)
@@ -183,3 +216,58 @@ def _conv(X, W, B, activation, auto_pad, dilations, group, kernel_shape, pads, s
         bias = np.ascontiguousarray(B, dtype=X.dtype) if B is not None else _NO_BIAS[X.dtype]
         _epilogue(y.reshape(n, m, length), bias, B is not None, act)
     return y
+
+
+def _grad_setup(X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides):
+    sync_threads()
+    X = np.ascontiguousarray(X)
+    W = np.ascontiguousarray(W, dtype=X.dtype)
+    dY = np.ascontiguousarray(dY, dtype=X.dtype)
+    k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
+    s, pb, _, d, out_sp, _ = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad)
+    n, c = X.shape[:2]
+    m = W.shape[0]
+    ckk = (c // group) * k[0] * k[1]
+    step = max(1, min(n, _COLS_BUDGET // max(c * k[0] * k[1] * out_sp[0] * out_sp[1]
+                                             * X.itemsize, 1)))
+    return X, W, dY, k, s, pb, d, out_sp, n, c, m, ckk, step
+
+
+def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                     pads=None, strides=None):
+    """Gradient of Conv with respect to W: the columns of a few images at a time against dY,
+    one batched GEMM per chunk, summed over the images."""
+    X, W, dY, k, s, pb, d, (oh, ow), n, c, m, ckk, step = _grad_setup(
+        X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides)
+    length = oh * ow
+    dw = np.zeros((group, m // group, ckk), np.float64 if X.dtype == np.float64 else X.dtype)
+    cols = np.empty((step, c * k[0] * k[1], length), X.dtype)
+    dy4 = dY.reshape(n, group, m // group, length)
+    for start in range(0, n, step):
+        m_img = min(step, n - start)
+        part = cols[:m_img]
+        _im2col(X[start:start + m_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh,
+                ow, part)
+        cols4 = part.reshape(m_img, group, ckk, length)
+        dw += np.matmul(dy4[start:start + m_img], cols4.transpose(0, 1, 3, 2)).sum(axis=0)
+    return dw.reshape(W.shape).astype(X.dtype, copy=False)
+
+
+def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                    pads=None, strides=None):
+    """Gradient of Conv with respect to X: W^T against dY per image (one batched GEMM per
+    chunk) into columns, scattered back by numba (the adjoint of the columns)."""
+    X, W, dY, k, s, pb, d, (oh, ow), n, c, m, ckk, step = _grad_setup(
+        X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides)
+    length = oh * ow
+    wt = W.reshape(group, m // group, ckk).transpose(0, 2, 1)
+    dy4 = dY.reshape(n, group, m // group, length)
+    dx = np.empty(X.shape, X.dtype)
+    dcols = np.empty((step, group, ckk, length), X.dtype)
+    for start in range(0, n, step):
+        m_img = min(step, n - start)
+        part = dcols[:m_img]
+        np.matmul(wt, dy4[start:start + m_img], out=part)
+        _col2im(part.reshape(m_img, c * k[0] * k[1], length), k[0], k[1], s[0], s[1], pb[0],
+                pb[1], d[0], d[1], oh, ow, dx[start:start + m_img])
+    return dx

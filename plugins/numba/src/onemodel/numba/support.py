@@ -28,6 +28,13 @@ def _nchw(X) -> bool:
     return X.ndim == 4 and X.dtype in _FLOATS
 
 
+def conv_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+              pads=None, strides=None):
+    """Gradients of 2-D float convolutions (dY of the forward output's shape and dtype)."""
+    return conv(X, W, None, kernel_shape=kernel_shape, group=group) and dY.ndim == 4 and \
+        dY.dtype == X.dtype
+
+
 def batch_norm(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
                training_mode=0):
     return (X.ndim >= 2 and X.dtype in _FLOATS and not training_mode
