@@ -23,7 +23,7 @@ CPU = 0.5
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              _node_ip_address="127.0.0.1", configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield

@@ -99,7 +99,7 @@ class Communicator:
                     f"${ENV_TIMEOUT} if a step is legitimately that slow"
                 )
             time.sleep(delay)
-            delay = min(delay * 2, 1e-3)
+            delay = min(delay * 2, 1e-4)  # short: this wait is on every training step
 
     # blocking, timed ---------------------------------------------------------------------------
     def allreduce_(self, buf: np.ndarray, what: str = "allreduce") -> np.ndarray:

@@ -154,6 +154,8 @@ class DistributedDataParallel(Module):
             bucket.put(i)
             if bucket.waiting == 0:
                 self._start_ready()
+            elif self._next:  # MPI moves started collectives along only when called
+                self.buckets[self._next - 1].request.Test()
 
     def _start_ready(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].waiting == 0:
