@@ -85,7 +85,7 @@ def test_plain_iterable_in_order(ray_session, saved):
     (oname, want), = _local(path, x).items()
     chunks = [{name: x[i:i + 999]} for i in range(0, ROWS, 999)]
     results = list(run_batches(chunks, path, num_actors=2, output_columns={oname: "y"},
-                               num_cpus=CPU))
+                               num_cpus=CPU, timeout=120))
     assert [len(r["y"]) for r in results] == [len(c[name]) for c in chunks]
     np.testing.assert_array_equal(np.concatenate([r["y"] for r in results]), want.numpy())
 
@@ -111,7 +111,7 @@ def test_bad_row_names_input_and_batch(ray_session, saved):
     chunks = [{name: x[:100]}, {name: x[100:200, :3]}]
     with pytest.raises(OneModelError, match=rf"input '{name}' \(column '{name}'\): row 0 of "
                                             r"batch 1, rows 100\.\.199 is of shape \[3\]"):
-        list(run_batches(chunks, path, num_actors=2, num_cpus=CPU))
+        list(run_batches(chunks, path, num_actors=2, num_cpus=CPU, timeout=120))
 
 
 def test_arguments_checked_before_ray_runs(saved, tmp_path):
@@ -138,3 +138,15 @@ def test_predictor_locally(saved):
         p({"other": x[:5]})
     with pytest.raises(OneModelError, match="of dtype float64"):
         p({name: x[:5].astype(np.float64)})
+
+
+@pytest.mark.slow
+def test_actors_that_cannot_be_placed_time_out(ray_session, saved):
+    from onemodel.distributed.ray import run_batches
+
+    folder, x = saved
+    name = traced_input(folder / "mlp.onemodel")
+    with pytest.raises(OneModelError, match=r"batch 0, rows 0\.\.9 took more than 2 s: are there "
+                                            "free CPUs"):
+        list(run_batches([{name: x[:10]}], folder / "mlp.onemodel", num_actors=1, num_cpus=8,
+                         timeout=2))

@@ -90,11 +90,12 @@ def map_batches(dataset: ray.data.Dataset, model: str | os.PathLike, *, batch_si
 
 def run_batches(batches: Iterable[Mapping[str, np.ndarray]], model: str | os.PathLike, *,
                 num_actors: int = 2, columns: Mapping[str, str] | None = None,
-                output_columns: Mapping[str, str] | None = None,
-                num_cpus: float = 1.0) -> Iterator[dict[str, np.ndarray]]:
+                output_columns: Mapping[str, str] | None = None, num_cpus: float = 1.0,
+                timeout: float | None = None) -> Iterator[dict[str, np.ndarray]]:
     """Run the graph over an iterable of numpy batches on ``num_actors`` Ray actors; yields
     each batch with the outputs added, in input order (at most two batches per actor in
-    flight, so a long iterable streams)."""
+    flight, so a long iterable streams). ``timeout``: seconds to wait for one batch (actors
+    that cannot be placed, for want of free CPUs, would otherwise wait forever)."""
     _check_counts(1, num_actors)
     model = os.fspath(model)
     _check_file(model)
@@ -109,20 +110,24 @@ def run_batches(batches: Iterable[Mapping[str, np.ndarray]], model: str | os.Pat
                                     "dicts of column name -> numpy array")
             rows = _row_count(batch)
             where = f"batch {k}, rows {offset}..{offset + rows - 1}"
-            pending.append(pool[k % num_actors].__call__.remote(dict(batch), where))
+            pending.append((pool[k % num_actors].__call__.remote(dict(batch), where), where))
             offset += rows
             if len(pending) >= 2 * num_actors:
-                yield _result(pending.popleft())
+                yield _result(*pending.popleft(), timeout)
         while pending:
-            yield _result(pending.popleft())
+            yield _result(*pending.popleft(), timeout)
     finally:
         for a in pool:
             ray.kill(a)
 
 
-def _result(ref) -> dict:
+def _result(ref, where: str, timeout: float | None) -> dict:
     try:
-        return ray.get(ref)
+        return ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise OneModelError(f"{where} took more than {timeout:g} s: are there free CPUs for the "
+                            f"actors? (ray.available_resources() says "
+                            f"{ray.available_resources()})") from None
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, OneModelError):
