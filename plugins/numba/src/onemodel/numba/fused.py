@@ -79,9 +79,14 @@ def _source(name: str, steps, d: int, patterns) -> str:
     body = ["@jit(parallel=True)", f"def {name}(out, {xs}):", "    shape = out.shape",
             "    outer = 1"]
     body += [f"    outer *= shape[{k}]" for k in range(d - 1)]
-    body += ["    for t in prange(outer):", "        r = t"]
+    # the index of outer axis k is (t // st_k) % shape[k]: the loop index is never reassigned
+    # (a parfor refuses that)
     for k in reversed(range(d - 1)):
-        body += [f"        i{k} = r % shape[{k}]", f"        r //= shape[{k}]"]
+        body.append(f"    st{k} = " + " * ".join(["1", *[f"shape[{j}]" for j in range(k + 1,
+                                                                                   d - 1)]]))
+    body.append("    for t in prange(outer):")
+    for k in range(d - 1):
+        body.append(f"        i{k} = (t // st{k}) % shape[{k}]")
 
     def index(full, last):
         parts = [f"i{k}" if full[k] else "0" for k in range(d - 1)]
