@@ -62,6 +62,7 @@ def test_results_with_and_without_the_plugin_agree(isolated_registry):
 
 def test_session_threads_govern_numba():
     numba = pytest.importorskip("numba")
+    from onemodel.numba import _jit
     from onemodel.tensors import threads
 
     saved = threads.num_threads()
@@ -71,6 +72,8 @@ def test_session_threads_govern_numba():
         for n in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             s = Session(_net(rng), threads=n)
             s.run({"x": x})
-            assert threads.num_threads() == n and numba.get_num_threads() == n
+            assert threads.num_threads() == n and _jit._parallel == (n > 1)
+            if n > 1:  # one thread: serial variants only, numba's pool is not started
+                assert numba.get_num_threads() == n
     finally:
         threads.set_num_threads(saved)

@@ -11,6 +11,7 @@ import numba
 from onemodel.tensors import threads
 
 _applied = -1
+_launched = False  # numba's thread pool started (by a setting above one thread)
 _parallel = False  # more than one thread: parallel variants are worth their start-up
 # bytes touched below which a kernel runs serially even with threads to spare
 PARALLEL_MIN_BYTES = 1 << 18
@@ -47,16 +48,20 @@ class _Dual:
 
 
 def sync_threads() -> None:
-    """Size numba's pool to the process's thread setting, when that setting changed."""
-    global _applied, _parallel
+    """Size numba's pool to the process's thread setting, when that setting changed. With one
+    thread only serial variants run, so the pool is not even started."""
+    global _applied, _parallel, _launched
     if _applied != threads.generation or _applied < 0:
         n = min(threads.num_threads(), numba.config.NUMBA_NUM_THREADS)
         if n > 1:
             # numba's OpenMP workers must sleep, not spin, between kernels: the BLAS runs its
-            # own threads on the same cores. libgomp reads this when numba first starts its
-            # pool (the first parallel kernel); with one thread nothing is set, so other
-            # OpenMP users in the process (PyTorch) keep their own policy.
+            # own threads on the same cores. libgomp reads this when numba starts its pool
+            # (here); with one thread nothing is set, so other OpenMP users in the process
+            # (PyTorch) keep their own policy.
             os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        numba.set_num_threads(n)
+            numba.set_num_threads(n)
+            _launched = True
+        elif _launched:
+            numba.set_num_threads(1)
         _parallel = n > 1
         _applied = threads.generation
