@@ -1,7 +1,7 @@
 """Latency of the nine model-zoo networks shipped inside the onnx package, with seeded random
 weights: OneModel's session against onnxruntime's on the same input, at 1 and at 2 threads
-(``Session(..., threads=n)`` against ORT's ``intra_op_num_threads``). Runs are paired (one of
-each, alternating); per network the median of each and the median of the paired ratios are
+(``Session(..., threads=n)`` against ORT's ``intra_op_num_threads``, its spinning off). Runs are
+paired (one of each, alternating); per network the median of each and the median of the paired ratios are
 printed, then the geometric mean of the ratios per thread count.
 
     python benchmarks/onnx_zoo.py [--runs 7] [--threads 1 2] [network ...]
@@ -69,6 +69,10 @@ def main() -> None:
             opts = ort.SessionOptions()
             opts.intra_op_num_threads, opts.inter_op_num_threads = n, 1
             opts.log_severity_level = 3  # these files carry unused initializers ORT warns about
+            # ORT's idle workers spin by default; interleaved with our runs on the same cores
+            # they would take the CPU from our threads (and numba's from ORT's, which wait
+            # passively), so neither side spins
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             theirs = ort.InferenceSession(model.SerializeToString(), opts,
                                           providers=["CPUExecutionProvider"])
             ours = Session(graph, threads=n)

@@ -14,6 +14,10 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
              "ONEMODEL_NUM_THREADS"):
     os.environ[_var] = "1"  # before numpy loads its BLAS; ONEMODEL_: numba kernels too
+# onemodel-numba sets OMP_WAIT_POLICY=PASSIVE for its OpenMP workers unless it is set; PyTorch
+# shares libgomp and ran up to 2x slower under it, so pin libgomp's active policy for both (at
+# one thread numba starts no workers at all)
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402

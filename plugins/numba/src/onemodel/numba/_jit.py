@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import os
 
+# numba's OpenMP workers must sleep, not spin, between kernels: the BLAS runs its own threads
+# on the same cores. libgomp reads this once, when it is loaded (numba's import can load it),
+# so it is set here, unless the user set it; it also applies to other OpenMP users in the
+# process (PyTorch), which is why the training benchmark sets its own value first.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import numba
 from onemodel.tensors import threads
 
@@ -54,11 +60,6 @@ def sync_threads() -> None:
     if _applied != threads.generation or _applied < 0:
         n = min(threads.num_threads(), numba.config.NUMBA_NUM_THREADS)
         if n > 1:
-            # numba's OpenMP workers must sleep, not spin, between kernels: the BLAS runs its
-            # own threads on the same cores. libgomp reads this when numba starts its pool
-            # (here); with one thread nothing is set, so other OpenMP users in the process
-            # (PyTorch) keep their own policy.
-            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
             numba.set_num_threads(n)
             _launched = True
         elif _launched:
