@@ -87,10 +87,15 @@ class Communicator:
         """Wait for ``request`` until the deadline; then raise naming ``what`` was waited for."""
         if request.Test():
             return
-        deadline = time.monotonic() + self.timeout
-        delay = 1e-6
+        now = time.monotonic()
+        deadline, spin_until = now + self.timeout, now + 5e-4
+        delay = 0.0  # poll without sleeping first: most waits end within microseconds
         while not request.Test():
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > spin_until:
+                delay = min(delay * 2 or 1e-5, 1e-4)  # then sleep, briefly: it is every step
+                time.sleep(delay)
+            if now > deadline:
                 _abort_at_exit(self)
                 raise CollectiveTimeoutError(
                     f"rank {self.rank} of {self.size}: {what} did not complete within "
@@ -98,8 +103,6 @@ class Communicator:
                     f"Look at the other ranks' output; raise the limit with timeout= or "
                     f"${ENV_TIMEOUT} if a step is legitimately that slow"
                 )
-            time.sleep(delay)
-            delay = min(delay * 2, 1e-4)  # short: this wait is on every training step
 
     # blocking, timed ---------------------------------------------------------------------------
     def allreduce_(self, buf: np.ndarray, what: str = "allreduce") -> np.ndarray:
