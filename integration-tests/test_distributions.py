@@ -20,6 +20,7 @@ SUBPACKAGES = {
     "plugins/native": "native",
     "plugins/onnx": "onnx",
     "plugins/numba": "numba",
+    "packages/distributed": "distributed",
 }
 
 

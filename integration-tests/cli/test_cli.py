@@ -97,8 +97,10 @@ def test_run_writes_what_a_session_computes(models, name, tmp_path):
         for k, v in want.items():
             np.testing.assert_array_equal(got[k], v.numpy())
     shaped = cli("run", str(models / name), "--shape", f"{session.inputs[0].shape[0]}=7",
-                 cwd=tmp_path).stdout
-    assert "[7, " in shaped
+                 "--optimization-level", "basic", "--profile", "trace.json", cwd=tmp_path).stdout
+    assert "[7, " in shaped and "wrote trace.json" in shaped and "Conv" in shaped
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert "Conv" in {e["args"].get("op") for e in events}
 
 
 def test_convert_both_ways_then_check(models, tmp_path):

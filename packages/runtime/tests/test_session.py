@@ -78,7 +78,7 @@ def test_inputs_outputs_and_feeds():
     ({"input": np.ones((2, 4), np.float64)}, "input 'input' must have dtype F32, got F64"),
     ({"input": np.ones((2, 4, 1), np.float32)}, "input 'input' has rank 3"),
     ({"input": np.ones((2, 5), np.float32)}, "input 'input' axis 1 must be 4, got 5"),
-    ({"input": [[1.0] * 4]}, "must be a Tensor or a numpy array, not list"),
+    ({"input": [[1.0] * 4, [1.0]]}, "input .input.: cannot read a list as an array"),
 ])
 def test_bad_feeds_name_the_input_and_axis(feeds, message):
     s = Session(mlp(sizes=(4, 3)))

@@ -48,6 +48,8 @@ class Step:
     release: tuple[int, ...]
     label: str
     ins: tuple[int, ...] = ()
+    node: str = ""  # the node's name and op, for profiles
+    op: str = ""
 
 
 @dataclass
@@ -85,6 +87,32 @@ class Plan:
                 for slot in step.release:
                     vals[slot] = None
         except Exception as exc:  # any kernel error: name the node (costs nothing until raised)
+            raise step_failure(step, vals, exc) from exc
+        return self._owned([vals[s] for _, s in self.outputs], arrays)
+
+    def execute_profiled(self, arrays: Sequence[np.ndarray], profiler) -> list[np.ndarray]:
+        """``execute``, recording each step's time in ``profiler`` (profiling.Profiler)."""
+        clock = profiler.now_us
+        vals = self.template.copy()
+        for (_, slot), arr in zip(self.inputs, arrays):
+            vals[slot] = arr
+        step = None
+        try:
+            for step in self.steps:
+                start = clock()
+                out = (step.call(step.gather(vals)) if step.single_input
+                       else step.call(*step.gather(vals)))
+                if not step.multi:
+                    vals[step.outs[0]] = out
+                else:
+                    for slot, value in zip(step.outs, out):
+                        vals[slot] = value
+                profiler.record(step.node or step.op, "Node", start, clock() - start,
+                                {"op": step.op, "output_shapes": [
+                                    list(np.shape(vals[o])) for o in step.outs if o > 1]})
+                for slot in step.release:
+                    vals[slot] = None
+        except Exception as exc:
             raise step_failure(step, vals, exc) from exc
         return self._owned([vals[s] for _, s in self.outputs], arrays)
 
@@ -278,7 +306,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         gather = itemgetter(*ins) if ins else (lambda vals: ())
         multi = len(OPS[n.op].outputs) > 1 or OPS[n.op].outputs[0].endswith("...")
         steps.append(Step(call, gather, len(ins) == 1, multi, outs,
-                          tuple(release_at.get(k, ())), n.label(), ins))
+                          tuple(release_at.get(k, ())), n.label(), ins, n.name, n.op))
     outputs = [(w, slot_of[w]) for w in wanted]
     own = sum(v.nbytes for k, v in consts.items() if k not in graph.initializers)
     roots = frozenset(id(r) for r in (memory_root(v) for v in template

@@ -8,6 +8,7 @@ share no memory with the feeds, the session, or other runs."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from .graph import Graph
 from .passes import PassManager
 from .plancache import CacheInfo, PlanCache
 from .planner import Plan, make_plan
+from .profiling import Profiler
 
 
 @dataclass(frozen=True)
@@ -31,14 +33,27 @@ class IOInfo:
     shape: tuple[int | str, ...]
 
 
+OPTIMIZATION_LEVELS = ("none", "basic", "all")
+
+
 class Session:
     """An inference session over one graph.
+
+    Options, as onnxruntime users know them: ``threads`` for the BLAS and kernel plugins
+    (default: ``ONEMODEL_NUM_THREADS``, else every CPU); ``optimization_level`` ``"none"``,
+    ``"basic"`` (passes that only remove or precompute nodes) or ``"all"`` (also rewrites and
+    fusions; ``optimize=False`` means ``"none"``); ``profile=True`` records every node's time
+    (see :meth:`end_profiling` and :meth:`profile_summary`).
 
     ``max_plans`` and ``max_plan_bytes`` bound the plan cache (least recently used plans go
     first); a plan bigger than ``max_plan_bytes`` on its own runs but is not kept."""
 
-    def __init__(self, graph: Graph, *, optimize: bool = True, threads: int | None = None):
-        # threads: for the BLAS and kernel plugins (default: ONEMODEL_NUM_THREADS, else all CPUs)
+    def __init__(self, graph: Graph, *, optimize: bool = True, threads: int | None = None,
+                 optimization_level: str = "all", profile: bool = False):
+        if optimization_level not in OPTIMIZATION_LEVELS:
+            raise OneModelError(f"optimization_level must be one of {', '.join(OPTIMIZATION_LEVELS)}"
+                                f", not {optimization_level!r}")
+        self.optimization_level = optimization_level if optimize else "none"
         self.threads = threads
         if threads is not None:
             _threads.set_num_threads(threads)
@@ -48,8 +63,10 @@ class Session:
         self.source_graph = graph
         self.graph = graph.copy()
         self.optimizations: dict[str, int] = {}
-        if optimize:
-            self.optimizations = PassManager(default_passes()).run(self.graph)
+        if self.optimization_level != "none":
+            passes = [p for p in default_passes()
+                      if self.optimization_level == "all" or getattr(p, "level", "all") == "basic"]
+            self.optimizations = PassManager(passes).run(self.graph)
         self._specs = self.graph.validate(allow_unknown=True)  # symbolic: settle zero sizes
         self._inputs = {v.name: v for v in self.graph.inputs}
         # inputs whose values set shapes: part of a plan's signature
@@ -57,6 +74,7 @@ class Session:
         self._value_inputs = [i for i, v in enumerate(self.graph.inputs) if v.name in value_inputs]
         self._output_names = [v.name for v in self.graph.outputs]
         self._plans = PlanCache()
+        self._profiler = Profiler() if profile else None
 
     @property
     def max_plans(self) -> int:
@@ -82,14 +100,34 @@ class Session:
 
     @classmethod
     def load(cls, path_or_graph: str | os.PathLike | Graph, *, optimize: bool = True,
-             threads: int | None = None) -> Session:
+             threads: int | None = None, optimization_level: str = "all",
+             profile: bool = False) -> Session:
         """A session over a graph, or over the graph in a file (``.onemodel``, ``.onnx``, or any
-        installed format, chosen by extension and then by content)."""
+        installed format, chosen by extension and then by content). Options as for ``Session``."""
+        options = {"optimize": optimize, "threads": threads,
+                   "optimization_level": optimization_level, "profile": profile}
         if isinstance(path_or_graph, Graph):
-            return cls(path_or_graph, optimize=optimize, threads=threads)
+            return cls(path_or_graph, **options)
         from .serializers import load
 
-        return cls(load(path_or_graph), optimize=optimize, threads=threads)
+        return cls(load(path_or_graph), **options)
+
+    def end_profiling(self, path: str | os.PathLike | None = None) -> str:
+        """Write the recorded runs as a Chrome trace (one event per executed node, one per run)
+        to ``path`` (default ``onemodel_profile_<time>.json`` here), return the path, and start
+        recording anew."""
+        if self._profiler is None:
+            raise OneModelError("this session does not profile; create it with profile=True")
+        path = path or time.strftime("onemodel_profile_%Y%m%d_%H%M%S.json")
+        written = self._profiler.write(path)
+        self._profiler = Profiler()
+        return written
+
+    def profile_summary(self) -> str:
+        """A table of time per op type over the runs recorded since profiling (re)started."""
+        if self._profiler is None:
+            raise OneModelError("this session does not profile; create it with profile=True")
+        return self._profiler.summary()
 
     @property
     def inputs(self) -> list[IOInfo]:
@@ -99,9 +137,11 @@ class Session:
     def outputs(self) -> list[IOInfo]:
         return [io_info(v) for v in self.graph.outputs]
 
-    def run(self, feeds: Mapping[str, Tensor | np.ndarray],
-            outputs: Sequence[str] | None = None) -> dict[str, Tensor]:
-        """Run the graph on ``feeds`` (name -> Tensor or numpy array); returns name -> Tensor."""
+    def run(self, feeds: Mapping[str, object], outputs: Sequence[str] | None = None, *,
+            return_numpy: bool = False) -> dict[str, Tensor] | dict[str, np.ndarray]:
+        """Run the graph on ``feeds``: name -> Tensor, numpy array, or anything array-like
+        (nested lists, objects with ``__array__``, DLPack producers such as torch tensors).
+        Returns name -> Tensor, or name -> numpy array with ``return_numpy=True``."""
         arrays = self._check_feeds(feeds)
         wanted = tuple(self._output_names if outputs is None else outputs)
         key = (tuple(a.shape for a in arrays), wanted)
@@ -110,7 +150,16 @@ class Session:
         plan = self._plans.get_or_build(key, self._make_plan, arrays, wanted)
         if self.threads is not None and self.threads != _threads.num_threads():
             _threads.set_num_threads(self.threads)  # another session changed the setting
-        results = plan.execute(arrays)
+        if self._profiler is None:
+            results = plan.execute(arrays)
+        else:
+            start = self._profiler.now_us()
+            results = plan.execute_profiled(arrays, self._profiler)
+            self._profiler.record("run", "Session", start, self._profiler.now_us() - start,
+                                  {"input_shapes": {k: list(a.shape) for k, a in
+                                                    zip(self._inputs, arrays)}})
+        if return_numpy:
+            return dict(zip(wanted, results))
         return {name: Tensor._wrap(r) for name, r in zip(wanted, results)}
 
     def plan_for(self, shapes: Mapping[str, Sequence[int]],
@@ -141,14 +190,7 @@ class Session:
             if v.name not in feeds:
                 raise OneModelError(f"missing input {v.name!r} ({v.dtype.name}"
                                     f"[{', '.join(str(d) for d in v.shape)}])")
-            value = feeds[v.name]
-            if isinstance(value, Tensor):
-                arr = value.numpy()
-            elif isinstance(value, np.ndarray):
-                arr = value
-            else:
-                raise OneModelError(f"input {v.name!r} must be a Tensor or a numpy array, not "
-                                    f"{type(value).__name__}")
+            arr = _as_array(v, feeds[v.name])
             if arr.dtype != v.dtype.numpy:
                 got = DType.from_numpy(arr.dtype).name if arr.dtype in _KNOWN else arr.dtype
                 raise OneModelError(f"input {v.name!r} must have dtype {v.dtype.name}, got {got}; "
@@ -168,6 +210,35 @@ class Session:
 
 
 _KNOWN = {d.numpy for d in DType}
+
+
+def _as_array(v, value) -> np.ndarray:
+    """A feed as a numpy array: Tensors and arrays as they are, DLPack producers without a
+    copy, other array-likes through numpy. Python numbers (lists, scalars) take the input's
+    dtype when numpy's same-kind rule allows it (floats to F32, ints to I64 or a float dtype)."""
+    if isinstance(value, Tensor):
+        return value.numpy()
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        if hasattr(value, "__dlpack__"):
+            try:
+                return np.from_dlpack(value)
+            except (BufferError, TypeError, RuntimeError):
+                pass  # a device or a type numpy cannot share: convert through __array__
+        if hasattr(value, "detach") and hasattr(value, "numpy"):  # torch tensors needing grad
+            return np.asarray(value.detach().numpy())
+        arr = np.asarray(value)
+    except Exception as exc:  # numpy's own message says what it could not convert
+        raise OneModelError(f"input {v.name!r}: cannot read a {type(value).__name__} as an "
+                            f"array ({exc})") from None
+    if arr.dtype == object:
+        raise OneModelError(f"input {v.name!r}: the {type(value).__name__} given is not a "
+                            "rectangular array of numbers")
+    if isinstance(value, (list, tuple, int, float, bool)) and arr.dtype != v.dtype.numpy \
+            and np.can_cast(arr.dtype, v.dtype.numpy, "same_kind"):
+        arr = arr.astype(v.dtype.numpy)
+    return arr
 
 
 def io_info(v) -> IOInfo:

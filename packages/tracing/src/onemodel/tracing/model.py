@@ -80,9 +80,11 @@ class TracedModel:
     def outputs(self) -> list[IOInfo]:
         return [io_info(v) for v in self.graph.outputs]
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Save in the native ``.onemodel`` format (needs onemodel-native)."""
-        save_graph(self.graph, path, format="native")
+    def save(self, path: str | os.PathLike, format: str | None = None, **options) -> None:
+        """Save in the format the extension names (``.onemodel``: onemodel-native, ``.onnx``:
+        onemodel-onnx, or any installed format), or in ``format``. An unknown extension is an
+        error that lists the installed formats."""
+        save_graph(self.graph, path, format=format, **options)
 
     def save_onnx(self, path: str | os.PathLike, opset: int | None = None) -> None:
         """Save as ONNX (needs onemodel-onnx)."""

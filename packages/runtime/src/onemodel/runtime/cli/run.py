@@ -21,10 +21,14 @@ from .sessions import open_session
               help="Write every output to this .npz file.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random inputs.")
 @click.option("--threads", type=int, default=None, help="Threads for kernels and BLAS.")
+@click.option("--optimization-level", "level", type=click.Choice(["none", "basic", "all"]),
+              default="all", show_default=True, help="Which optimization passes run.")
+@click.option("--profile", type=click.Path(dir_okay=False), default=None,
+              help="Write a Chrome trace of the run (one event per node) and print time per op.")
 def run_command(model: str, inputs: tuple[str, ...], shapes: tuple[str, ...], output: str | None,
-                seed: int, threads: int | None) -> None:
+                seed: int, threads: int | None, level: str, profile: str | None) -> None:
     """Run MODEL once and print each output's shape and summary (or save them with -o)."""
-    session = open_session(model, threads)
+    session = open_session(model, threads, level=level, profile=profile is not None)
     sizes = {k: v[0] for k, v in parse_sizes(shapes).items()}
     check_known(session.graph, sizes)
     feeds = file_feeds(inputs)
@@ -37,6 +41,9 @@ def run_command(model: str, inputs: tuple[str, ...], shapes: tuple[str, ...], ou
         summary = (f", mean {arr.mean():.6g}, min {arr.min():.6g}, max {arr.max():.6g}"
                    if arr.size and arr.dtype.kind in "fiu" else "")
         click.echo(f"{name}: {arr.dtype}{list(arr.shape)}{summary}")
+    if profile is not None:
+        click.echo(session.profile_summary())
+        click.echo(f"wrote {session.end_profiling(profile)}")
     if output is not None:
         if not output.endswith(".npz"):
             raise OneModelError(f"--output {output!r}: outputs are written as .npz")

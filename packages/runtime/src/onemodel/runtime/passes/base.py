@@ -34,10 +34,15 @@ class PassResult:
 
 
 class Pass:
-    """Base class of optimization passes. Subclasses set ``name`` and ``changes``."""
+    """Base class of optimization passes. Subclasses set ``name``, ``changes`` and ``level``.
+
+    ``level`` is the lowest session optimization level that runs the pass: ``"basic"`` for
+    passes that only remove or precompute nodes (the ops that run stay the graph's own),
+    ``"all"`` for rewrites into other or fused ops."""
 
     name = "pass"
     changes = ""
+    level = "all"
 
     def run(self, graph: Graph) -> PassResult:
         raise NotImplementedError

@@ -10,6 +10,7 @@ from .base import Pass, PassResult, output_names, replace_uses
 
 class DeadCodeElimination(Pass):
     name = "dead-code"
+    level = "basic"
     changes = "removes nodes no graph output depends on, and unused initializers"
 
     def run(self, graph: Graph) -> PassResult:
@@ -24,6 +25,7 @@ class DeadCodeElimination(Pass):
 
 class IdentityElimination(Pass):
     name = "identity"
+    level = "basic"
     changes = ("removes Identity nodes and Dropout nodes that run in inference mode (their mask "
                "unused), rewiring their consumers")
 
@@ -70,6 +72,7 @@ class IdentityElimination(Pass):
 
 class CommonSubexpressionElimination(Pass):
     name = "cse"
+    level = "basic"
     changes = "merges nodes that apply the same op with the same attributes to the same inputs"
 
     def run(self, graph: Graph) -> PassResult:

@@ -22,6 +22,7 @@ MAX_ELEMENTS = 1 << 22  # elements of a folded node's outputs, all together
 
 class ConstantFolding(Pass):
     name = "constant-folding"
+    level = "basic"
     changes = ("evaluates nodes whose inputs are all initializers (and Shape of a static shape) "
                "and stores their outputs as initializers")
 
