@@ -112,8 +112,11 @@ def test_range_over_a_symbolic_bound_has_a_symbolic_length():
     assert out.shape == (S,)
     (out,) = OPS["Range"].infer([i64(1), i64(S), i64(2)])
     assert evaluate(out.shape[0], {"seq": 4}) == 2 and evaluate(out.shape[0], {"seq": 5}) == 2
-    with pytest.raises(ShapeError, match="constant positive step"):
-        OPS["Range"].infer([i64(S), i64(0), i64(-1)])
+    (out,) = OPS["Range"].infer([i64(S), i64(0), i64(-2)])  # a countdown: ceil(seq / 2)
+    assert [evaluate(out.shape[0], {"seq": n}) for n in (4, 5)] == [len(range(4, 0, -2)),
+                                                                   len(range(5, 0, -2))]
+    with pytest.raises(ShapeError, match="constant non-zero step"):
+        OPS["Range"].infer([i64(0), i64(S), i64(0)])
 
 
 def test_floor_division_of_a_sum_divides_exact_terms():

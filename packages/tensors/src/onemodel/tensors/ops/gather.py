@@ -8,7 +8,7 @@ import numpy as np
 
 from ..dtype import DType
 from ..errors import ShapeError
-from ..symbolic import DimExpr
+from ..symbolic import DimExpr, add, floordiv, mul
 from .base import TensorSpec, const_ints, defop, norm_axis, same_dtype
 
 
@@ -102,11 +102,22 @@ def cum_sum(x, axis, *, exclusive=0, reverse=0):
 def _range_shape(specs):
     start, limit, delta = (const_ints(s, "Range bounds") for s in specs)
     dt = same_dtype(specs)
-    if any(isinstance(v[0], DimExpr) for v in (start, limit, delta)):  # a traced arange(x.shape[i])
-        if isinstance(delta[0], DimExpr) or int(delta[0]) <= 0:
-            raise ShapeError("Range over a symbolic size needs a constant positive step")
-        return TensorSpec(((limit[0] - start[0] + int(delta[0]) - 1) // int(delta[0]),), dt)
-    n = max(int(np.ceil((limit[0] - start[0]) / delta[0])), 0)
+    s, lim, d = start[0], limit[0], delta[0]
+    if any(isinstance(v, DimExpr) for v in (s, lim, d)):  # a traced arange(x.shape[i])
+        if isinstance(d, DimExpr) or int(d) == 0:
+            raise ShapeError(f"Range over a symbolic size needs a constant non-zero step, got "
+                             f"start={s}, limit={lim}, delta={d}")
+        d = int(d)
+        if isinstance(s, float) or isinstance(lim, float):
+            raise ShapeError(f"Range over a symbolic size needs integer bounds, got start={s}, "
+                             f"limit={lim}")
+        # ceil((limit - start) / delta) as a floor division: (span + |delta| - 1) // |delta|;
+        # the count is assumed non-negative (an empty symbolic range is checked at plan time)
+        span = add(lim, mul(s, -1)) if d > 0 else add(s, mul(lim, -1))
+        return TensorSpec((floordiv(add(span, abs(d) - 1), abs(d)),), dt)
+    if not d:
+        raise ShapeError("Range delta cannot be 0")
+    n = max(int(np.ceil((lim - s) / d)), 0)
     return TensorSpec((n,), dt)
 
 

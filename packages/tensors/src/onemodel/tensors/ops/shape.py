@@ -165,6 +165,14 @@ def expand(input, shape):
 
 # Concat / Split ------------------------------------------------------------------------------
 
+def _may_equal(a: Dim, b: Dim) -> bool:
+    """Equal, or symbolic sizes not proved different: those are checked when a plan binds real
+    sizes (the shape rule then sees ints and refuses a mismatch, naming the node)."""
+    if isinstance(a, DimExpr) or isinstance(b, DimExpr):
+        return True
+    return dims_equal(a, b)
+
+
 def _concat_shape(specs, *, axis=0):
     dt = same_dtype(specs)
     first = specs[0].shape
@@ -172,9 +180,10 @@ def _concat_shape(specs, *, axis=0):
     total: Dim = 0
     for s in specs:
         if len(s.shape) != len(first) or any(
-            i != a and not dims_equal(d, e) for i, (d, e) in enumerate(zip(s.shape, first))
+            i != a and not _may_equal(d, e) for i, (d, e) in enumerate(zip(s.shape, first))
         ):
-            raise ShapeError(f"inputs must match except on axis {axis}")
+            raise ShapeError(f"inputs must match except on axis {axis}, got "
+                             f"{[list(t.shape) for t in specs]}")
         total = add(total, s.shape[a])
     return TensorSpec(first[:a] + (total,) + first[a + 1 :], dt)
 
@@ -247,6 +256,35 @@ def _slice_index(shape, starts, ends, axes, steps):
     return tuple(index)
 
 
+# Exporters write "to the end" as INT64_MAX, INT32_MAX or 1e9 (and "before the start" as their
+# negatives): a bound this large is clamped to the axis, as ONNX clamps any bound beyond it.
+_HUGE = 10**9
+
+
+def _clamped_bound(dim: Dim, b: Dim, step: int, is_end: bool) -> Dim:
+    """A Slice bound on a symbolic axis, as an index in [-1, dim] (ONNX's clamping)."""
+    if isinstance(b, DimExpr):
+        return b
+    b = int(b)
+    if b >= _HUGE:
+        return dim if step > 0 or is_end else add(dim, -1)
+    if b <= -_HUGE:
+        return 0 if step > 0 or not is_end else -1
+    # a small bound is assumed to lie inside the axis, as in traced code that slices it
+    return b if b >= 0 else add(dim, b)
+
+
+def _symbolic_slice_len(dim: Dim, s: Dim, e: Dim, st: int) -> Dim:
+    """The length of ``s:e:st`` on a symbolic axis: ceil((end - begin) / step) as a floor
+    division."""
+    if st == 0:
+        raise ShapeError("Slice step cannot be 0")
+    begin = _clamped_bound(dim, s, st, is_end=False)
+    end = _clamped_bound(dim, e, st, is_end=True)
+    span = add(end, mul(begin, -1)) if st > 0 else add(begin, mul(end, -1))
+    return span if abs(st) == 1 else floordiv(add(span, abs(st) - 1), abs(st))
+
+
 def _slice_shape(specs):
     x = specs[0]
     starts = const_ints(specs[1], "Slice starts")
@@ -263,19 +301,8 @@ def _slice_shape(specs):
         if isinstance(dim, int) and not isinstance(s, DimExpr) and not isinstance(e, DimExpr):
             idx = _slice_index((dim,), [int(s)], [int(e)], [0], [st])[0]
             out[a] = len(range(*idx.indices(dim)))
-        elif st == 1:
-            # a symbolic bound or axis: assume the bounds lie inside the axis, as traced code
-            # that slices it does
-            begin = s if isinstance(s, DimExpr) or s >= 0 else add(dim, int(s))
-            if isinstance(e, DimExpr):
-                end = e
-            elif e >= 2**62:
-                end = dim
-            else:
-                end = e if e >= 0 else add(dim, int(e))
-            out[a] = add(end, mul(begin, -1))
         else:
-            raise ShapeError(f"cannot slice symbolic axis {a} ({dim}) with {s}:{e}:{st}")
+            out[a] = _symbolic_slice_len(dim, s, e, st)
     return TensorSpec(tuple(out), x.dtype)
 
 

@@ -1,0 +1,160 @@
+"""ONNX models with symbolic axes load with their axes symbolic and agree with onnxruntime at
+two sizes: Range over a symbolic limit, Slice bounds written as "to the end" (INT64_MAX,
+INT32_MAX, 1e9), Concat of sizes that cannot be proved equal until a plan binds them, and input
+axes written as -1 or left empty."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto as T  # noqa: E402
+from onnx import helper as h  # noqa: E402
+
+from onemodel.onnx.importer import from_model  # noqa: E402
+from onemodel.runtime import Session  # noqa: E402
+from onemodel.tensors import DimExpr, OneModelError  # noqa: E402
+
+SIZES = ((2, 5), (3, 8))
+
+
+def _i64(name, v):
+    if isinstance(v, list):
+        return h.make_tensor(name, T.INT64, [len(v)], v)
+    return h.make_tensor(name, T.INT64, [], [v])
+
+
+def _model(nodes, inits=(), dims=("b", "s"), extra_inputs=()):
+    x = h.make_tensor_value_info("x", T.FLOAT, list(dims))
+    g = h.make_graph(nodes, "g", [x, *extra_inputs],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], list(inits))
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)])
+
+
+def _run(session, feeds):
+    out = session.run(feeds)
+    return np.asarray(out["y"] if isinstance(out, dict) else out[0])
+
+
+def _agree(model, feeds_list):
+    session = Session(from_model(model, "m"))
+    ref = ort.InferenceSession(model.SerializeToString())
+    for feeds in feeds_list:
+        want = ref.run(None, feeds)[0]
+        got = _run(session, feeds)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _x(*shape):
+    return {"x": np.random.default_rng(sum(shape)).random(shape, dtype=np.float32)}
+
+
+def _out_spec(model, name):
+    return from_model(model, "m").validate(allow_unknown=True)[name]
+
+
+@pytest.mark.parametrize("delta", [1, 2, 3])
+def test_range_over_a_symbolic_limit(delta):
+    nodes = [h.make_node("Shape", ["x"], ["sh"]),
+             h.make_node("Gather", ["sh", "one"], ["n"], axis=0),
+             h.make_node("Range", ["zero", "n", "delta"], ["r"]),
+             h.make_node("Cast", ["r"], ["rf"], to=T.FLOAT),
+             h.make_node("Unsqueeze", ["rf", "axis0"], ["u"]),
+             h.make_node("Add", ["u", "u"], ["y"])]
+    inits = [_i64("one", 1), _i64("zero", 0), _i64("delta", delta), _i64("axis0", [0])]
+    model = _model(nodes, inits)
+    spec = _out_spec(model, "r")
+    assert isinstance(spec.shape[0], DimExpr)
+    for s in (5, 8, 9):  # the symbolic length is ceil(s / delta)
+        assert spec.shape[0].evaluate({"s": s, "b": 1}) == len(range(0, s, delta))
+    _agree(model, [_x(*size) for size in SIZES])
+
+
+@pytest.mark.parametrize("end", [2**63 - 1, 2**31 - 1, 10**9])
+def test_slice_to_the_end_on_a_symbolic_axis(end):
+    # x[:, 1:end] + x[:, :-1] needs the slice's length to be s - 1, not end - 1
+    nodes = [h.make_node("Slice", ["x", "one", "end", "ax"], ["a"]),
+             h.make_node("Slice", ["x", "zero", "minus1", "ax"], ["b"]),
+             h.make_node("Add", ["a", "b"], ["y"])]
+    inits = [_i64("one", [1]), _i64("end", [end]), _i64("ax", [1]), _i64("zero", [0]),
+             _i64("minus1", [-1])]
+    model = _model(nodes, inits)
+    assert str(_out_spec(model, "a").shape[1]) == str(DimExpr.symbol("s") - 1)
+    _agree(model, [_x(*size) for size in SIZES])
+
+
+@pytest.mark.parametrize("step", [-1, -2, 2])
+def test_slice_with_steps_and_huge_bounds_on_a_symbolic_axis(step):
+    start, end = (-1, -(2**31)) if step < 0 else (-(2**31), 2**31 - 1)
+    nodes = [h.make_node("Slice", ["x", "st", "en", "ax", "step"], ["a"]),
+             h.make_node("Shape", ["a"], ["sh"]),
+             h.make_node("Cast", ["sh"], ["shf"], to=T.FLOAT),
+             h.make_node("ReduceSum", ["a"], ["total"], keepdims=0),
+             h.make_node("Unsqueeze", ["total", "ax"], ["t1"]),
+             h.make_node("Concat", ["shf", "t1"], ["y"], axis=0)]
+    inits = [_i64("st", [start]), _i64("en", [end]), _i64("ax", [0]), _i64("step", [step])]
+    model = _model(nodes, inits, dims=("s",))
+    spec = _out_spec(model, "a")
+    for s in (5, 8):
+        assert spec.shape[0].evaluate({"s": s}) == len(range(s)[start:end:step])
+    _agree(model, [{"x": np.arange(s, dtype=np.float32)} for s in (5, 8)])
+
+
+def test_concat_of_sizes_unproved_equal_is_checked_when_planned():
+    z = h.make_tensor_value_info("z", T.FLOAT, ["t", "u"])
+    model = _model([h.make_node("Concat", ["x", "z"], ["y"], axis=0, name="join")],
+                   extra_inputs=[z])
+    feeds = [{**_x(2, 5), "z": np.ones((3, 5), np.float32)},
+             {**_x(4, 7), "z": np.ones((1, 7), np.float32)}]
+    _agree(model, feeds)
+    session = Session(from_model(model, "m"))
+    with pytest.raises(OneModelError, match="join"):
+        session.run({**_x(2, 5), "z": np.ones((3, 4), np.float32)})
+
+
+@pytest.mark.parametrize("dims", [(-1, 4), (None, 4), (-1, -1)])
+def test_unknown_input_axes_become_anonymous_symbols(dims):
+    model = _model([h.make_node("Shape", ["x"], ["sh"]),
+                    h.make_node("Cast", ["sh"], ["shf"], to=T.FLOAT),
+                    h.make_node("Relu", ["x"], ["r"]),
+                    h.make_node("Flatten", ["r"], ["f"], axis=0),
+                    h.make_node("Squeeze", ["f", "zero"], ["f0"]),
+                    h.make_node("Concat", ["shf", "f0"], ["y"], axis=0)],
+                   [_i64("zero", [0])], dims=dims)
+    graph = from_model(model, "m")
+    names = [d.args[0] for d in graph.inputs[0].shape if isinstance(d, DimExpr)]
+    assert names and all(n.startswith("unk__") for n in names)
+    assert len(set(names)) == len(names)
+    _agree(model, [_x(2, 4), _x(3, 4)])
+
+
+def test_torch_export_with_arange_over_a_dynamic_sequence():
+    torch = pytest.importorskip("torch")
+
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(64, 8)
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            pos = torch.arange(x.shape[1])
+            odd = torch.arange(1, x.shape[1], 2)
+            y = self.lin(x + self.emb(pos)[None])
+            return torch.cat([y[:, 1:], y[:, odd]], dim=1)
+
+    torch.manual_seed(0)
+    buf = io.BytesIO()
+    torch.onnx.export(Positions().eval(), (torch.randn(2, 5, 8),), buf, dynamo=False,
+                      input_names=["x"], output_names=["y"], opset_version=17,
+                      dynamic_axes={"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "out"}})
+    model = onnx.load_from_string(buf.getvalue())
+    assert any(n.op_type == "Range" for n in model.graph.node)
+    rng = np.random.default_rng(0)
+    _agree(model, [{"x": rng.random((b, s, 8), dtype=np.float32)} for b, s in SIZES])
