@@ -77,3 +77,24 @@ def test_session_threads_govern_numba():
                 assert numba.get_num_threads() == n
     finally:
         threads.set_num_threads(saved)
+
+
+def test_warmup_compiles_the_kernels_the_plan_uses():
+    """In a fresh process, ``Session.warmup`` leaves the numba kernels of the plan compiled for
+    its dtypes before any real run."""
+    code = """
+import numpy as np
+from onemodel.runtime import GraphBuilder, Session
+from onemodel.tensors import DType
+b = GraphBuilder()
+x = b.input("x", DType.F32, ("batch", 7))
+b.output(b.op("Gelu", x), "y")
+s = Session(b.build(), threads=1)
+from onemodel.numba import activation
+before = len(activation._gelu.serial.signatures)
+s.warmup({"x": (2, 7)})
+print(before, [str(t[0]) for t in activation._gelu.serial.signatures])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "0 ['array(float32, 1d, C)']"

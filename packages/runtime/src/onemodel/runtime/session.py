@@ -177,6 +177,26 @@ class Session:
         key = (tuple(a.shape for a in arrays), wanted)
         return self._plans.get_or_build(key, self._make_plan, arrays, wanted)
 
+    def warmup(self, shapes: Mapping[str, Sequence[int]],
+               outputs: Sequence[str] | None = None) -> Plan:
+        """Build the plan for these input shapes and run it once on zeros, so that JIT kernel
+        plugins (numba) compile everything it uses now rather than on the first real request.
+        Returns the plan; a later ``run`` at these shapes reuses it."""
+        missing = [v.name for v in self.graph.inputs if v.name not in shapes]
+        unknown = [k for k in shapes if k not in self._inputs]
+        if missing or unknown:
+            raise OneModelError(
+                (f"warmup: no shape given for input {missing[0]!r}" if missing
+                 else f"warmup: unknown input {unknown[0]!r}")
+                + "; give one shape per input: " + ", ".join(repr(v.name) for v in self.graph.inputs))
+        plan = self.plan_for(shapes, outputs)
+        zeros = [np.zeros(tuple(shapes[v.name]), v.dtype.numpy) for v in self.graph.inputs]
+        if self.threads is not None and self.threads != _threads.num_threads():
+            _threads.set_num_threads(self.threads)
+        with np.errstate(all="ignore"):  # zeros may divide by zero; only compilation matters
+            plan.execute(zeros)
+        return plan
+
     # ------------------------------------------------------------------------------------------
     def _check_feeds(self, feeds: Mapping[str, Tensor | np.ndarray]) -> list[np.ndarray]:
         unknown = [k for k in feeds if k not in self._inputs]
