@@ -56,7 +56,7 @@ def test_buckets_cap_order_and_dtype():
     net = Sequential(Linear(10, 10, Generator(0)), Linear(10, 10, Generator(1)))
     params = list(net.parameters())  # 100, 10, 100, 10 floats
     buckets = make_buckets(params, cap_bytes=440)
-    assert [[p.size for p in b.params] for b in buckets] == [[10, 100], [10, 100]]
+    assert [[p.numel() for p in b.params] for b in buckets] == [[10, 100], [10, 100]]
     assert buckets[0].params[0] is params[3]  # last layer first, as backward produces them
     assert all(b.buffer.flags.c_contiguous and b.buffer.size == 110 for b in buckets)
     assert len(make_buckets(params, cap_bytes=1 << 20)) == 1

@@ -62,7 +62,7 @@ def test_load_state_dict_accepts_tensors_and_arrays_and_reports_problems():
     sd = {k: v.numpy() * 0 + 1 for k, v in net.state_dict().items()}
     sd["conv.weight"] = Tensor.from_numpy(sd["conv.weight"])
     net.load_state_dict(sd)
-    assert net.conv.weight.numpy().sum() == net.conv.weight.size
+    assert net.conv.weight.numpy().sum() == net.conv.weight.numel()
     bad = dict(sd)
     del bad["bn.bias"]
     bad["extra"] = np.zeros(1)

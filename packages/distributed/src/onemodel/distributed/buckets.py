@@ -22,8 +22,8 @@ class Bucket:
         self.slices: list[slice] = []
         offset = 0
         for p in params:
-            self.slices.append(slice(offset, offset + p.size))
-            offset += p.size
+            self.slices.append(slice(offset, offset + p.numel()))
+            offset += p.numel()
         self.buffer = np.zeros(offset, params[0]._data.dtype)
         self.reset()
 

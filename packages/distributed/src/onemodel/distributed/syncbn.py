@@ -95,7 +95,7 @@ class SyncBatchNorm(_BatchNorm):
                                 f"shape {list(x.shape)})")
         axes = (0, *range(2, x.ndim))
         shape = (1, c) + (1,) * (x.ndim - 2)
-        count = Tensor._wrap(np.array([x.size // c], x._data.dtype))
+        count = Tensor._wrap(np.array([x.numel() // c], x._data.dtype))
         sums = all_reduce_sum(concat([x.sum(axis=axes), count], axis=0), comm)
         n = float(sums._data[c])
         if n < 2 and self.track_running_stats:

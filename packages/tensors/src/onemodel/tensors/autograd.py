@@ -124,7 +124,7 @@ def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
             "had requires_grad=True (or it ran under no_grad())"
         )
     if gradient is None:
-        if root.size != 1:
+        if root.numel() != 1:
             raise AutogradError(
                 f"backward() without a gradient needs a one-element output, got shape "
                 f"{list(root.shape)}; pass gradient=ones_like(output) or reduce it first"

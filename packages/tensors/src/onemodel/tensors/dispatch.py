@@ -140,6 +140,6 @@ def _explain(opdef: OpDef, inputs, attrs, exc: Exception) -> Exception:
 
 
 def _small_value(t: Tensor):
-    if t.dtype is DType.I64 and t.ndim <= 1 and t.size <= 16:
+    if t.dtype is DType.I64 and t.ndim <= 1 and t.numel() <= 16:
         return tuple(int(v) for v in t._data.reshape(-1))
     return None

@@ -5,6 +5,7 @@ Each is built from ops of the op set, so it is differentiable and traceable."""
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,6 +16,7 @@ from .dtype import DType
 from .errors import OneModelError, ShapeError
 from .generator import Generator, default_generator
 from .tensor import Tensor, _call, _const, concat, where
+from .torch_names import accept_torch_names
 
 
 def _tuple(v, n: int) -> tuple[int, ...]:
@@ -129,7 +131,7 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
     var = (xc * xc).mean(axis=axes, keepdims=True)
     y = xc * (var + eps) ** -0.5 * weight.reshape(*shape) + bias.reshape(*shape)
     if running_mean is not None and running_var is not None:
-        n = x.size // c
+        n = x.numel() // c
         m = x._data.dtype.type(momentum)
         running_mean._data *= 1 - m
         running_mean._data += m * mean._data.reshape(c)
@@ -278,3 +280,6 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return x.log_softmax(dim)
+
+
+accept_torch_names(sys.modules[__name__])  # dim= and axis=, keepdim= and keepdims= (one place)

@@ -7,6 +7,7 @@ the op set, so eager code, gradients and (later) tracing all see the same ops.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from .dtype import DType, result_dtype
 from .errors import AutogradError, OneModelError, ShapeError
 from .generator import Generator, default_generator
 from .symbolic import SymInt
+from .torch_names import accept_torch_names
 
 _I64 = np.dtype(np.int64)
 
@@ -155,12 +157,19 @@ class Tensor:
     def ndim(self) -> int:
         return self._data.ndim
 
-    @property
-    def size(self) -> int:
-        return self._data.size
+    def size(self, dim: int | None = None):
+        """PyTorch's ``size()``: the shape, or the extent of axis ``dim`` (symbolic while tracing).
+        The element count is :meth:`numel` (numpy's ``size``)."""
+        if dim is None:
+            return self.shape
+        nd = self.ndim
+        if not -nd <= dim < max(nd, 1):
+            raise ShapeError(f"size({dim}): axis out of range for a tensor of rank {nd}")
+        return self.shape[dim]
 
-    def numel(self) -> int:
-        return self._data.size
+    def numel(self):
+        """The number of elements (a symbolic product while tracing)."""
+        return math.prod(self.shape)
 
     @property
     def device(self) -> str:
@@ -392,6 +401,65 @@ class Tensor:
 
     clamp = clip
 
+    def maximum(self, other) -> Tensor:
+        """Elementwise maximum (``where(self >= other, self, other)``)."""
+        return where(self >= other, self, other) if isinstance(other, Tensor) else \
+            where(self >= other, self, _scalar_like(other, self))
+
+    def minimum(self, other) -> Tensor:
+        """Elementwise minimum (``where(self <= other, self, other)``)."""
+        return where(self <= other, self, other) if isinstance(other, Tensor) else \
+            where(self <= other, self, _scalar_like(other, self))
+
+    def masked_fill(self, mask, value) -> Tensor:
+        """``value`` where ``mask`` is True, ``self`` elsewhere (the mask broadcasts)."""
+        if isinstance(mask, Tensor) and mask.dtype is not DType.BOOL:
+            raise OneModelError(f"masked_fill: the mask must be BOOL, not {mask.dtype.name}; "
+                                "compare it first (mask > 0)")
+        return where(mask, _scalar_like(value, self), self)
+
+    def tril(self, diagonal: int = 0) -> Tensor:
+        """Zero above the ``diagonal``-th diagonal of the last two axes (a Trilu mask and Where,
+        so it differentiates and follows symbolic sizes)."""
+        return where(self._triangle(diagonal, upper=0), self, _scalar_like(0, self))
+
+    def triu(self, diagonal: int = 0) -> Tensor:
+        """Zero below the ``diagonal``-th diagonal of the last two axes."""
+        return where(self._triangle(diagonal, upper=1), self, _scalar_like(0, self))
+
+    def _triangle(self, diagonal: int, upper: int) -> Tensor:
+        if self.ndim < 2:
+            raise ShapeError(f"tril/triu need at least 2 axes, got shape {list(self.shape)}")
+        ones = Tensor._wrap(np.ones((), np.float32)).expand(*self.shape[-2:])
+        return _call("Trilu", ones, _const(int(diagonal)), upper=upper) > 0.5
+
+    def cumsum(self, axis: int) -> Tensor:
+        """Running sum along ``axis`` (PyTorch's ``cumsum(dim)``): a matmul with a triangle of
+        ones, so it has a gradient and traces for a fixed length of the axis."""
+        if self.ndim == 0:
+            return self
+        ax = axis % self.ndim
+        x = self if ax == self.ndim - 1 else self.transpose(ax, -1)
+        n = int(x.shape[-1])
+        y = x @ Tensor._wrap(np.triu(np.ones((n, n), x._data.dtype)))
+        return y if ax == self.ndim - 1 else y.transpose(ax, -1)
+
+    def norm(self, p=2, axis=None, keepdims: bool = False) -> Tensor:
+        """The p-norm over ``axis`` (all elements by default): p = 2, 1, inf, -inf or any
+        positive number, built from abs, powers and reductions."""
+        a = self.abs()
+        if p == 2:
+            return (self * self).sum(axis, keepdims=keepdims).sqrt()
+        if p == 1:
+            return a.sum(axis, keepdims=keepdims)
+        if p == float("inf"):
+            return a.max(axis, keepdims=keepdims)
+        if p == float("-inf"):
+            return a.min(axis, keepdims=keepdims)
+        if isinstance(p, (int, float)) and p > 0:
+            return (a**p).sum(axis, keepdims=keepdims) ** (1.0 / p)
+        raise OneModelError(f"norm: p must be a positive number or +-inf, not {p!r}")
+
     def where(self, condition, other):
         """``condition ? self : other`` (PyTorch's ``Tensor.where``)."""
         return where(condition, self, other)
@@ -403,6 +471,45 @@ class Tensor:
         return _call("Cast", self, to=dt)
 
     astype = cast
+
+    # PyTorch's conversions ----------------------------------------------------------------------
+    def float(self) -> Tensor:
+        return self.cast(DType.F32)
+
+    def double(self) -> Tensor:
+        return self.cast(DType.F64)
+
+    def half(self) -> Tensor:
+        return self.cast(DType.F16)
+
+    def long(self) -> Tensor:
+        return self.cast(DType.I64)
+
+    def int(self) -> Tensor:
+        return self.cast(DType.I32)
+
+    def bool(self) -> Tensor:
+        return self.cast(DType.BOOL)
+
+    def to(self, *args, dtype=None, device=None, copy: bool = False) -> Tensor:
+        """PyTorch's ``to``: ``to(dtype)``, ``to("cpu")``, ``to("cpu", dtype)``, ``to(other)``
+        (its dtype). Tensors live on the CPU; any other device is refused."""
+        for a in args:
+            if isinstance(a, Tensor):
+                dtype = a.dtype if dtype is None else dtype
+            elif isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "mps", "meta", "xla"):
+                device = a
+            elif dtype is None:
+                dtype = a
+            else:
+                raise OneModelError(f"to(): unexpected argument {a!r}; pass a dtype and/or 'cpu'")
+        _check_device(device)
+        out = self if dtype is None else self.cast(dtype)
+        return out.clone() if copy and out is self else out
+
+    def contiguous(self) -> Tensor:
+        """Every tensor is laid out contiguously for ops; returns ``self`` as PyTorch does."""
+        return self
 
     # reductions -------------------------------------------------------------------------------
     def sum(self, axis=None, keepdims: bool = False):
@@ -421,7 +528,7 @@ class Tensor:
         """Variance; ``correction=1`` (PyTorch's default) divides by N - 1, ``0`` by N."""
         mean = self.mean(axis, keepdims=True)
         sq = (self - mean) ** 2
-        n = self.size // max(sq.sum(axis, keepdims=True).size, 1)
+        n = self.numel() // max(sq.sum(axis, keepdims=True).numel(), 1)
         return sq.sum(axis, keepdims=keepdims) / max(n - correction, 0)
 
     def std(self, axis=None, keepdims: bool = False, correction: int = 1):
@@ -500,7 +607,33 @@ class Tensor:
         return split(self, split_size_or_sections, axis)
 
     def chunk(self, chunks: int, axis: int = 0):
-        return _call("Split", self, axis=axis, num_outputs=chunks)
+        out = _call("Split", self, axis=axis, num_outputs=chunks)
+        return out if isinstance(out, tuple) else (out,)
+
+    def unbind(self, axis: int = 0) -> tuple[Tensor, ...]:
+        """The slices along ``axis``, each without that axis."""
+        return tuple(t.squeeze(axis) for t in split(self, 1, axis))
+
+    def repeat(self, *sizes) -> Tensor:
+        """PyTorch's ``repeat`` (numpy's ``tile``): Unsqueeze, Expand, Reshape, so gradients sum
+        over the copies; extra leading sizes add axes."""
+        reps = [int(r) for r in _dims(sizes)]
+        if len(reps) < self.ndim:
+            raise ShapeError(f"repeat: {len(reps)} sizes for a tensor of rank {self.ndim}; "
+                             "give one per axis")
+        x = self.reshape(*([1] * (len(reps) - self.ndim)), *self.shape)
+        nd = x.ndim
+        inter = x.reshape(*[d for dim in x.shape for d in (1, dim)])
+        dims = [d for r, dim in zip(reps, x.shape) for d in (r, dim)]
+        return inter.expand(*dims).reshape(*[r * dim for r, dim in zip(reps, x.shape)]) \
+            if nd else x
+
+    def flip(self, *args, dims=None) -> Tensor:
+        """Reverse the order along each axis in ``dims`` (a Slice with step -1 per axis)."""
+        axes = [int(d) % max(self.ndim, 1) for d in (_dims(args) if dims is None else dims)]
+        index = tuple(slice(None, None, -1) if i in axes else slice(None)
+                      for i in range(self.ndim))
+        return self[index]
 
     # indexing ---------------------------------------------------------------------------------
     def __getitem__(self, index):
@@ -737,5 +870,16 @@ def tensor(data: Any, dtype=None, requires_grad: bool = False) -> Tensor:
     """Build a tensor from nested data; Python floats become F32, ints I64."""
     return Tensor(data, dtype=dtype, requires_grad=requires_grad)
 
+
+def _check_device(device) -> None:
+    if device is not None and str(device).split(":")[0] != "cpu":
+        raise OneModelError(f"device {device!r}: OneModel tensors live on the CPU; use 'cpu' "
+                            "(accelerators run through the runtime's execution providers)")
+
+
+# PyTorch's dim/keepdim next to axis/keepdims, for every method and these functions (one place)
+accept_torch_names(Tensor)
+accept_torch_names(sys.modules[__name__], ["concat", "stack", "split"])
+cat = concat
 
 from .dispatch import dispatch, dispatch_binary  # noqa: E402 - dispatch needs Tensor defined first
