@@ -34,8 +34,10 @@ def ops_of(model) -> set[str]:
 
 
 def supported(model) -> bool:
-    """Every op of the case is in OneModel's op set (Constant is folded on import)."""
-    return all(op == "Constant" or (op in OPS and not OPS[op].domain) for op in ops_of(model))
+    """Every op of the case is in OneModel's op set (Constant is folded on import,
+    ConstantOfShape folded or converted to Expand)."""
+    return all(op in ("Constant", "ConstantOfShape") or (op in OPS and not OPS[op].domain)
+               for op in ops_of(model))
 
 
 def run_case(case, run) -> Outcome:

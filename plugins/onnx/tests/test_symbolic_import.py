@@ -158,3 +158,33 @@ def test_torch_export_with_arange_over_a_dynamic_sequence():
     assert any(n.op_type == "Range" for n in model.graph.node)
     rng = np.random.default_rng(0)
     _agree(model, [{"x": rng.random((b, s, 8), dtype=np.float32)} for b, s in SIZES])
+
+
+@pytest.mark.parametrize("value", [np.array([1.5], np.float32), np.array([7], np.int64), None])
+def test_constant_of_shape_computed_from_shape_ops(value):
+    # ConstantOfShape([2 * b, s + 1]) and an Expand to [b, 3, b], both computed from Shape(x)
+    attrs = {} if value is None else {"value": onnx.numpy_helper.from_array(value, "v")}
+    nodes = [h.make_node("Shape", ["x"], ["sh"]),
+             h.make_node("Mul", ["sh", "mul"], ["sh2"]),
+             h.make_node("Add", ["sh2", "add"], ["sh3"]),
+             h.make_node("ConstantOfShape", ["sh3"], ["c"], name="fill", **attrs),
+             h.make_node("Cast", ["c"], ["cf"], to=T.FLOAT),
+             h.make_node("ReduceSum", ["cf"], ["total"], keepdims=0),
+             h.make_node("Gather", ["sh", "zero"], ["b0"]),
+             h.make_node("Concat", ["b0", "three", "b0"], ["target"], axis=0),
+             h.make_node("Expand", ["total", "target"], ["e"]),
+             h.make_node("Mul", ["e", "e"], ["y"])]
+    inits = [_i64("mul", [2, 1]), _i64("add", [0, 1]), _i64("zero", [0]), _i64("three", [3])]
+    model = _model(nodes, inits)
+    _agree(model, [_x(*size) for size in SIZES])
+
+
+def test_a_computed_negative_size_names_the_node_that_made_it():
+    nodes = [h.make_node("Shape", ["x"], ["sh"]),
+             h.make_node("Sub", ["sh", "ten"], ["neg"]),
+             h.make_node("ConstantOfShape", ["neg"], ["c"], name="fill"),
+             h.make_node("Add", ["c", "c"], ["y"])]
+    session = Session(from_model(_model(nodes, [_i64("ten", [10, 0])]), "m"))
+    assert _run(session, _x(12, 3)).shape == (2, 3)
+    with pytest.raises(OneModelError, match=r"fill.*negative shape \[-8, 3\]"):
+        session.run(_x(2, 3))

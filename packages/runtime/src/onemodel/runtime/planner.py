@@ -253,12 +253,17 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
             if out_specs is None:
                 raise GraphError(f"{n.label()}: {exc} (at {_bound(bindings)})") from None
         for name, spec in zip(n.outputs, out_specs):
+            if name and any(int(d) < 0 for d in spec.shape):
+                # name the node that made the absurd size, not the one that would meet it later
+                raise GraphError(f"{n.label()}: its output {name!r} would have the negative shape "
+                                 f"{list(spec.shape)} (inputs: {_specs_text(in_specs)}; at "
+                                 f"{_bound(bindings)})")
             if name:
                 specs[name] = spec
         if _plan_time(n, consts, out_specs):
             args = [consts.get(i) if i else None for i in n.inputs]
-            if n.op == "Shape":
-                args = [np.empty(specs[n.inputs[0]].shape, np.int8)]
+            if n.op == "Shape":  # only the shape is read: a zero-strided view allocates nothing
+                args = [_fake(specs[n.inputs[0]])]
             try:
                 out = op.kernel(*args, **n.attrs)
             except Exception as exc:  # a constant the kernel cannot take: name the node
@@ -373,6 +378,11 @@ def _fake(spec: TensorSpec) -> np.ndarray:
     """A zero-strided array with the spec's shape and dtype, for ``supports`` checks."""
     return as_strided(np.zeros(1, spec.dtype.numpy), shape=spec.shape,
                       strides=(0,) * len(spec.shape), writeable=False)
+
+
+def _specs_text(in_specs) -> str:
+    return ", ".join("omitted" if s is None else f"{s.dtype.name}{list(s.shape)}"
+                     for s in in_specs)
 
 
 def _bound(bindings) -> str:

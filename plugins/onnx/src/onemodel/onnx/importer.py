@@ -262,13 +262,12 @@ def _constant(node, label: str, attrs: dict) -> np.ndarray:
     raise UnsupportedOpError(f"{label}: Constant with {key} is not supported")
 
 
-def _constant_of_shape(node, label: str, inputs, outputs, attrs, graph: Graph) -> None:
+def _constant_of_shape(node, label: str, inputs, outputs, attrs, graph: Graph, fresh) -> None:
     """Folded on import when its shape is a constant (weights of the model-zoo files); the
-    element count is checked against ONEMODEL_MAX_CONSTANT_ELEMENTS before allocating."""
+    element count is checked against ONEMODEL_MAX_CONSTANT_ELEMENTS before allocating. A shape
+    computed at run time (from Shape ops) becomes ``Expand`` of the 0-d value to that shape:
+    the same result, planned once the shape's value is known."""
     _need(inputs, 1, label, "ConstantOfShape")
-    if inputs[0] not in graph.initializers:
-        raise UnsupportedOpError(f"{label}: ConstantOfShape of a shape known only at run time "
-                                 "is not supported")
     if set(attrs) - {"value"}:
         raise UnsupportedOpError(f"{label}: attribute {sorted(set(attrs) - {'value'})[0]!r} of "
                                  "ConstantOfShape is not supported")
@@ -277,6 +276,12 @@ def _constant_of_shape(node, label: str, inputs, outputs, attrs, graph: Graph) -
     if value.size != 1:
         raise OnnxFormatError(f"{label}: the value of a ConstantOfShape must hold one element, "
                               f"it holds {value.size}")
+    if inputs[0] not in graph.initializers:
+        scalar = fresh("const")
+        graph.initializers[scalar] = value.reshape(())
+        graph.nodes.append(Node("Expand", [scalar, inputs[0]], outputs[:1], {},
+                                node.name or fresh("ConstantOfShape")))
+        return
     dims = graph.initializers[inputs[0]]
     if dims.ndim != 1 or dims.dtype.kind not in "iu" or (dims < 0).any():
         raise OnnxFormatError(f"{label}: the shape of a ConstantOfShape must be a 1-D tensor of "
@@ -297,7 +302,7 @@ def _convert_node(node, op, label, inputs, outputs, attrs, opset, graph: Graph, 
         graph.initializers[outputs[0]] = _constant(node, label, attrs)
         return
     if op == "ConstantOfShape":
-        _constant_of_shape(node, label, inputs, outputs, attrs, graph)
+        _constant_of_shape(node, label, inputs, outputs, attrs, graph, fresh)
         return
     for k in list(attrs):
         if k in _LEGACY:
