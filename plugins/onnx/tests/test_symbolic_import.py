@@ -188,3 +188,42 @@ def test_a_computed_negative_size_names_the_node_that_made_it():
     assert _run(session, _x(12, 3)).shape == (2, 3)
     with pytest.raises(OneModelError, match=r"fill.*negative shape \[-8, 3\]"):
         session.run(_x(2, 3))
+
+
+def test_torch_export_of_attention_with_computed_shapes():
+    # TorchScript-exporter output: ConstantOfShape/Expand/Range/Reshape targets computed from
+    # Shape ops, a causal mask from Trilu, x[:, ::2] and flip on the dynamic axis
+    torch = pytest.importorskip("torch")
+
+    class Attention(torch.nn.Module):
+        def __init__(self, d=16, heads=2):
+            super().__init__()
+            self.qkv = torch.nn.Linear(d, 3 * d)
+            self.out = torch.nn.Linear(d, d)
+            self.heads = heads
+            self.cls = torch.nn.Parameter(torch.randn(1, 1, d))
+
+        def forward(self, x):
+            b, _, d = x.shape
+            x = torch.cat([self.cls.expand(b, -1, -1), x], dim=1)
+            s = x.shape[1]
+            q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+                       for t in self.qkv(x).chunk(3, dim=-1))
+            mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
+            att = (q @ k.transpose(-1, -2)).masked_fill(mask, float("-inf")).softmax(-1)
+            y = self.out((att @ v).transpose(1, 2).reshape(b, s, d))
+            pos = torch.arange(s, dtype=torch.float32) / s
+            y = y + torch.zeros(b, s, 1) + pos[None, :, None] + x.new_ones(b, 1, d)
+            half = s // 2
+            return y[:, :half].mean(1) + y[:, ::2].sum(1) + y.flip(1)[:, -1]
+
+    torch.manual_seed(0)
+    buf = io.BytesIO()
+    torch.onnx.export(Attention().eval(), (torch.randn(2, 5, 16),), buf, dynamo=False,
+                      input_names=["x"], output_names=["y"], opset_version=17,
+                      dynamic_axes={"x": {0: "batch", 1: "seq"}})
+    model = onnx.load_from_string(buf.getvalue())
+    ops = {n.op_type for n in model.graph.node}
+    assert {"ConstantOfShape", "Range", "Expand"} <= ops
+    rng = np.random.default_rng(1)
+    _agree(model, [{"x": rng.random((b, s, 16), dtype=np.float32)} for b, s in SIZES])
