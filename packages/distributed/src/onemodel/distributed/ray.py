@@ -81,7 +81,9 @@ def map_batches(dataset: ray.data.Dataset, model: str | os.PathLike, *, batch_si
     _check_counts(batch_size, num_actors)
     model = os.fspath(model)
     _check_file(model)
-    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    # outputs in input order: a Dataset keeps the DataContext it was created with (a copy), so
+    # the option goes on this dataset's own context, which map_batches' result inherits
+    dataset.context.execution_options.preserve_order = True
     return dataset.map_batches(
         SessionPredictor, fn_constructor_args=(model, columns, output_columns, index_column),
         batch_size=batch_size, batch_format="numpy",
