@@ -282,4 +282,62 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return x.log_softmax(dim)
 
 
+# activations built from differentiable ops (so they train and trace; see docs/pytorch-names.md)
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    return where(x > 0, x, x * negative_slope)
+
+
+def silu(x: Tensor) -> Tensor:
+    """x * sigmoid(x) (also called swish)."""
+    return x * x.sigmoid()
+
+
+def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
+    """x for x > 0, alpha * (exp(x) - 1) otherwise; exp sees min(x, 0) so it cannot overflow."""
+    neg = where(x > 0, x * 0, x)
+    return where(x > 0, x, (neg.exp() - 1) * alpha)
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta x)) / beta; linear where beta x > threshold, as in PyTorch. exp only
+    sees values up to the threshold, so neither it nor its gradient overflows."""
+    z = x * beta if beta != 1 else x
+    above = z > threshold
+    soft = (where(above, z * 0, z).exp() + 1).log()
+    soft = soft / beta if beta != 1 else soft
+    return where(z > threshold, x, soft)
+
+
+def mish(x: Tensor) -> Tensor:
+    """x * tanh(softplus(x))."""
+    return x * softplus(x).tanh()
+
+
+def hardsigmoid(x: Tensor) -> Tensor:
+    """clip(x / 6 + 1/2, 0, 1) (PyTorch's slope; ONNX's HardSigmoid defaults to 0.2)."""
+    return (x / 6 + 0.5).clip(0, 1)
+
+
+def hardswish(x: Tensor) -> Tensor:
+    """x * hardsigmoid(x)."""
+    return x * hardsigmoid(x)
+
+
+def prelu(x: Tensor, weight: Tensor) -> Tensor:
+    """leaky_relu with a learned slope per channel (axis 1), or one shared slope."""
+    n = weight.numel()
+    if n != 1:
+        if x.ndim < 2 or x.shape[1] != n:
+            raise ShapeError(f"prelu: {n} slopes need {n} channels on axis 1, got input shape "
+                             f"{list(x.shape)}")
+        weight = weight.reshape(1, n, *([1] * (x.ndim - 2)))
+    return where(x >= 0, x, x * weight)
+
+
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """x divided by its p-norm along ``dim``, the norm clamped below at ``eps``."""
+    return x / x.norm(p, dim, keepdims=True).clamp(min=eps)
+
+
 accept_torch_names(sys.modules[__name__])  # dim= and axis=, keepdim= and keepdims= (one place)

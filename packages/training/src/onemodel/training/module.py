@@ -168,13 +168,26 @@ class Module:
         for _, b in self.named_buffers(recurse=recurse):
             yield b
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients (``set_to_none``, the default, as in PyTorch) or zero them in
+        place, keeping the arrays."""
         for p in self.parameters():
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad = Tensor._wrap(np.zeros_like(p.grad.numpy()))
+
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
+        """Turn gradients of every parameter on or off (freezing a part of a model)."""
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
 
     def apply(self, fn) -> Module:
-        for m in self.modules():
-            fn(m)
+        """Call ``fn`` on every submodule, children before their parent (as PyTorch does)."""
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
         return self
 
     # state -------------------------------------------------------------------------------------
@@ -230,13 +243,37 @@ class Module:
             )
         return plan
 
-    def to(self, dtype) -> Module:
-        """Cast every floating parameter and buffer to ``dtype`` in place."""
+    def to(self, *args, dtype=None, device=None) -> Module:
+        """PyTorch's ``to``: ``to(dtype)``, ``to("cpu")`` or ``to("cpu", dtype)``: casts every
+        floating parameter and buffer in place. Modules live on the CPU; other devices are
+        refused."""
+        for a in args:
+            if isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "mps", "meta", "xla"):
+                device = a
+            elif dtype is None:
+                dtype = a
+            else:
+                raise OneModelError(f"Module.to(): unexpected argument {a!r}; pass a dtype "
+                                    "and/or 'cpu'")
+        if device is not None and str(device).split(":")[0] != "cpu":
+            raise OneModelError(f"device {device!r}: OneModel modules live on the CPU; use "
+                                "'cpu' (accelerators run through the runtime's execution "
+                                "providers)")
+        if dtype is None:
+            return self
         dt = DType.of(dtype)
+        if not dt.is_floating:
+            raise OneModelError(f"Module.to({dt.name}): modules cast their floating parameters "
+                                "and buffers, so the dtype must be floating (F16, F32, F64)")
         for t in list(self.parameters()) + list(self.buffers()):
             if t.dtype.is_floating:
                 t._data = t._data.astype(dt.numpy)
+                if t.grad is not None:
+                    t.grad = Tensor._wrap(t.grad.numpy().astype(dt.numpy))
         return self
+
+    def half(self) -> Module:
+        return self.to(DType.F16)
 
     def double(self) -> Module:
         return self.to(DType.F64)

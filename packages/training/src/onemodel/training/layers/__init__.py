@@ -1,6 +1,23 @@
 """The layers, one family per module."""
 
-from .activation import GELU, Dropout, Embedding, ReLU, Sigmoid, Softmax, Tanh
+from .activation import (
+    ELU,
+    GELU,
+    Dropout,
+    Embedding,
+    Hardsigmoid,
+    Hardswish,
+    LeakyReLU,
+    LogSoftmax,
+    Mish,
+    PReLU,
+    ReLU,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softplus,
+    Tanh,
+)
 from .attention import MultiheadAttention, TransformerEncoderLayer
 from .container import ModuleList, Sequential
 from .conv import Conv1d, Conv2d, ConvTranspose2d
@@ -8,7 +25,8 @@ from .linear import Flatten, Identity, Linear
 from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 
-__all__ = ["GELU", "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d",
+__all__ = ["ELU", "GELU", "Hardsigmoid", "Hardswish", "LeakyReLU", "LogSoftmax", "Mish", "PReLU",
+           "SiLU", "Softplus", "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d",
            "Conv2d", "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GroupNorm",
            "Identity", "LayerNorm", "Linear", "MaxPool2d", "ModuleList", "MultiheadAttention",
            "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "TransformerEncoderLayer"]

@@ -1,12 +1,16 @@
-"""Activation and simple modules: ReLU, GELU, Tanh, Sigmoid, Softmax, Dropout, Embedding."""
+"""Activation and simple modules, with PyTorch names and defaults: ReLU, GELU, Tanh, Sigmoid,
+Softmax, LogSoftmax, LeakyReLU, SiLU, ELU, Mish, Hardswish, Hardsigmoid, Softplus, PReLU,
+Dropout, Embedding."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from onemodel.tensors import Generator, Tensor
 from onemodel.tensors import functional as F
 
 from .. import init
-from ..module import Module
+from ..module import Module, Parameter
 
 
 class ReLU(Module):
@@ -46,6 +50,89 @@ class Softmax(Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
+
+
+class LogSoftmax(Module):
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.log_softmax(self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 0.01):
+        super().__init__()
+        self.negative_slope = negative_slope
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.leaky_relu(x, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}"
+
+
+class SiLU(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.silu(x)
+
+
+class ELU(Module):
+    def __init__(self, alpha: float = 1.0):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.elu(x, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}"
+
+
+class Mish(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.mish(x)
+
+
+class Hardswish(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.hardswish(x)
+
+
+class Hardsigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.hardsigmoid(x)
+
+
+class Softplus(Module):
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0):
+        super().__init__()
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.softplus(x, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class PReLU(Module):
+    """leaky_relu with learned slopes: one shared, or one per channel (axis 1)."""
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25):
+        super().__init__()
+        self.num_parameters = num_parameters
+        self.weight = Parameter(np.full(num_parameters, init, np.float32))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.prelu(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
 
 
 class Dropout(Module):
