@@ -56,7 +56,30 @@ CASES = [
      dict(program=["Sub x0 x1", "Abs t0", "Sqrt t1", "Neg t2", "Exp t3", "Div t4 x1",
                    "Mul t5 t5"])),
     ("FusedElementwise", [(0, 3), (3,)], dict(program=["Add x0 x1", "Relu t0"])),
+    ("MaxPool", [(2, 3, 17, 13)], dict(kernel_shape=(3, 3), strides=(2, 2))),
+    ("MaxPool", [(2, 3, 17, 13)], dict(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1,
+                                       pads=(1, 0, 1, 2))),
+    ("MaxPool", [(1, 4, 9, 11)], dict(kernel_shape=(2, 3), strides=(1, 3), dilations=(2, 1),
+                                      pads=(1, 1, 0, 1))),
+    ("MaxPool", [(3, 2, 8, 7)], dict(kernel_shape=(3, 3), auto_pad="SAME_LOWER", strides=(2, 2))),
+    ("MaxPool", [(1, 2, 5, 5)], dict(kernel_shape=(3, 3), strides=(3, 3), ceil_mode=1,
+                                     pads=(0, 0, 2, 2))),
+    ("MaxPool", [(1, 3, 6, 9)], dict(kernel_shape=(3, 2), strides=(1, 1), pads=(1, 1, 1, 1),
+                                     dilations=(1, 2))),
+    ("AveragePool", [(2, 3, 17, 13)], dict(kernel_shape=(3, 3), strides=(2, 2),
+                                           pads=(1, 1, 1, 1))),
+    ("AveragePool", [(2, 3, 17, 13)], dict(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1,
+                                           pads=(1, 0, 1, 2), count_include_pad=1)),
+    ("AveragePool", [(1, 4, 9, 11)], dict(kernel_shape=(2, 3), strides=(1, 3), dilations=(2, 1),
+                                          pads=(1, 1, 0, 1))),
+    ("AveragePool", [(3, 2, 8, 7)], dict(kernel_shape=(3, 3), auto_pad="SAME_UPPER",
+                                         strides=(2, 2), count_include_pad=1)),
+    ("AveragePool", [(1, 5, 7, 7)], dict(kernel_shape=(7, 7))),
+    ("AveragePool", [(1, 2, 5, 5)], dict(kernel_shape=(3, 3), strides=(3, 3), ceil_mode=1,
+                                         pads=(0, 0, 2, 2))),
     # empty batches
+    ("MaxPool", [(0, 3, 5, 5)], dict(kernel_shape=(2, 2))),
+    ("AveragePool", [(0, 3, 5, 5)], dict(kernel_shape=(2, 2))),
     ("Conv", [(0, 4, 5, 5), (3, 4, 3, 3), (3,)], dict(pads=(1, 1, 1, 1))),
     ("BatchNormalization", [(0, 4, 5, 5), (4,), (4,), (4,), ("pos", 4)], {}),
     ("LRN", [(0, 4, 3, 3)], dict(size=3)),
@@ -173,3 +196,36 @@ def test_parallel_variant_matches_the_reference(case, parallel_variants):
     for g, w in zip(got if isinstance(got, tuple) else (got,),
                     want if isinstance(want, tuple) else (want,)):
         np.testing.assert_allclose(g, w, **TOL[np.float32])
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_pooling_special_values_follow_the_reference(op):
+    """NaN wins a max window as in np.maximum (planes with and without NaN side by side),
+    infinities pass through, and windows with nothing inside the image give what the
+    reference gives (-inf for max, 0/0 for an average that excludes padding)."""
+    kernel = registry.resolve(plugin.KERNELS[op][0])
+    x = np.random.default_rng(5).standard_normal((2, 3, 7, 8)).astype(np.float32)
+    x[0, 1, 3, 4] = np.nan
+    x[1, 2, 0, 0] = np.inf
+    x[1, 0, 6, 7] = -np.inf
+    for attrs in (dict(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+                  dict(kernel_shape=(2, 2), strides=(3, 3), ceil_mode=1, pads=(0, 0, 2, 2)),
+                  dict(kernel_shape=(2, 2), strides=(2, 2), pads=(0, 0, 4, 4))):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            want = OPS[op].kernel(x, **attrs)
+        got = kernel(x, **attrs)
+        if op == "MaxPool":
+            np.testing.assert_array_equal(got, want)
+        else:  # the sums run in another order: rounding only; NaN and inf where they are
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert np.isnan(got[0, 1]).any() and not np.isnan(got[0, 0, :3, :3]).any()
+    assert got[0, 0, -1, -1] == -np.inf if op == "MaxPool" else np.isnan(got[0, 0, -1, -1])
+
+
+def test_pooling_refuses_what_it_does_not_cover():
+    supports = registry.resolve(plugin.KERNELS["MaxPool"][1])
+    assert supports(np.zeros((1, 2, 5, 5), np.float32), kernel_shape=(2, 2))
+    assert not supports(np.zeros((1, 2, 5), np.float32), kernel_shape=(2,))
+    assert not supports(np.zeros((1, 2, 5, 5, 5), np.float32), kernel_shape=(2, 2, 2))
+    assert not supports(np.zeros((1, 2, 5, 5), np.int32), kernel_shape=(2, 2))
+    assert not supports(np.zeros((1, 2, 5, 5), np.float16), kernel_shape=(2, 2))

@@ -11,8 +11,8 @@ PRIORITY = 10
 _K = "onemodel.numba"
 
 # op -> (kernel, supports check). Only kernels that measured faster than the reference are
-# listed: numba versions of pooling and softmax were slower than numpy's strided-view passes and
-# its SIMD exp on this machine, so those ops keep the reference kernels (see docs/benchmarks.md).
+# listed: numba softmax and global pooling were slower than numpy's SIMD exp and pairwise sums
+# on this machine, so those ops keep the reference kernels (see docs/benchmarks.md).
 KERNELS: dict[str, tuple[str, str]] = {
     "Conv": (f"{_K}.conv:conv", f"{_K}.support:conv"),
     "FusedConv": (f"{_K}.conv:fused_conv", f"{_K}.support:conv"),
@@ -24,6 +24,8 @@ KERNELS: dict[str, tuple[str, str]] = {
     "LRN": (f"{_K}.norm:lrn", f"{_K}.support:lrn"),
     "Erf": (f"{_K}.activation:erf", f"{_K}.support:unary"),
     "Gelu": (f"{_K}.activation:gelu", f"{_K}.support:unary"),
+    "MaxPool": (f"{_K}.pool:max_pool", f"{_K}.support:pool"),
+    "AveragePool": (f"{_K}.pool:average_pool", f"{_K}.support:pool"),
     "FusedElementwise": (f"{_K}.fused:fused_elementwise", f"{_K}.support:same_float"),
 }
 

@@ -60,3 +60,9 @@ def unary(X, *, approximate="none"):
 def same_float(*inputs, program=()):
     """Every input float32, or every input float64."""
     return bool(inputs) and _float(*inputs)
+
+
+def pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
+         kernel_shape=(), pads=None, storage_order=0, strides=None):
+    """2-D max and average pooling of float32/float64 (NCHW)."""
+    return _nchw(X) and len(tuple(kernel_shape)) == 2

@@ -1,0 +1,168 @@
+"""2-D max and average pooling (NCHW, float32/float64) in one pass over each output: the
+window's value stays in a register instead of numpy's one pass over the output per kernel
+position. Window bounds inside the image are precomputed per output row and column, so the
+loops never test for padding; parallel over the N*C planes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from numba import prange
+from onemodel.tensors.ops.nn import _geometry
+
+from ._jit import jit, sync_threads
+
+U = np.uint64
+
+
+@jit()
+def _has_nan(x, start, stop):
+    n = 0
+    for t in range(start, stop):  # no early exit: the count vectorizes
+        n += x[U(t)] != x[U(t)]
+    return n > 0
+
+
+@jit(parallel=True)
+def _max_pool(x, out, h, w, oh, ow, dh, dw, sw, pl, h0, lo_h, hi_h, lo_q, hi_q, lowest):
+    """out[p, y, q] = max of x[p] over the window's positions inside the image (-inf if none).
+    Separable, row by row: the max over the window's rows, a contiguous sweep that
+    vectorizes, then kw strided taps along that one row (lo_q[j]..hi_q[j]: the output columns
+    tap j reaches inside the image). A plane holding NaN takes an exact loop so NaN wins, as
+    in np.maximum."""
+    planes = out.shape[0] // (oh * ow)
+    kw = lo_q.shape[0]
+    for p in prange(planes):
+        src = p * h * w
+        dst = p * oh * ow
+        nan = _has_nan(x, src, src + h * w)
+        acc = np.empty(ow, x.dtype)  # buffers that cannot alias x, so the loops vectorize
+        col = np.empty(w, x.dtype)
+        for y in range(oh):
+            for q in range(ow):
+                acc[U(q)] = lowest
+            if nan:
+                for i in range(lo_h[y], hi_h[y]):
+                    row = src + (h0[y] + i * dh) * w - pl
+                    for j in range(kw):
+                        tap = row + j * dw
+                        for q in range(lo_q[j], hi_q[j]):
+                            v = x[U(tap + q * sw)]
+                            if v > acc[U(q)] or v != v:
+                                acc[U(q)] = v
+            else:
+                for c in range(w):
+                    col[U(c)] = lowest
+                for i in range(lo_h[y], hi_h[y]):
+                    row = src + (h0[y] + i * dh) * w
+                    for c in range(w):
+                        v = x[U(row + c)]
+                        o = col[U(c)]
+                        col[U(c)] = v if v > o else o
+                for j in range(kw):
+                    tap = j * dw - pl
+                    for q in range(lo_q[j], hi_q[j]):
+                        v = col[U(tap + q * sw)]
+                        o = acc[U(q)]
+                        acc[U(q)] = v if v > o else o
+            base = dst + y * ow
+            for q in range(ow):
+                out[U(base + q)] = acc[U(q)]
+
+
+@jit(parallel=True)
+def _avg_pool(x, out, h, w, oh, ow, dh, dw, sw, pl, h0, lo_h, hi_h, lo_q, hi_q, n_h, n_w, zero):
+    """out[p, y, q] = (sum of x[p] over the window inside the image) / (n_h[y] * n_w[q]),
+    in the input's dtype; separable like the max: the window's rows summed in one contiguous
+    sweep, then kw strided taps along that row."""
+    planes = out.shape[0] // (oh * ow)
+    kw = lo_q.shape[0]
+    for p in prange(planes):
+        src = p * h * w
+        dst = p * oh * ow
+        acc = np.empty(ow, x.dtype)
+        col = np.empty(w, x.dtype)
+        for y in range(oh):
+            for c in range(w):
+                col[U(c)] = zero
+            for i in range(lo_h[y], hi_h[y]):
+                row = src + (h0[y] + i * dh) * w
+                for c in range(w):
+                    col[U(c)] += x[U(row + c)]
+            for q in range(ow):
+                acc[U(q)] = zero
+            for j in range(kw):
+                tap = j * dw - pl
+                for q in range(lo_q[j], hi_q[j]):
+                    acc[U(q)] += col[U(tap + q * sw)]
+            base = dst + y * ow
+            for q in range(ow):
+                out[U(base + q)] = acc[U(q)] / (n_h[y] * n_w[q])
+
+
+def _taps(size, k, s, pb, d, o):
+    """Per kernel tap j along the row: the output columns [lo, hi) whose input column
+    q*s - pb + j*d lies inside the image."""
+    lo = np.zeros(k, np.int64)
+    hi = np.zeros(k, np.int64)
+    for j in range(k):
+        off = j * d - pb
+        a = max(0, -(off // s)) if off < 0 else 0  # first q with q*s + off >= 0
+        while a < o and a * s + off < 0:
+            a += 1
+        b = o
+        while b > a and (b - 1) * s + off >= size:
+            b -= 1
+        lo[j], hi[j] = a, max(a, b)
+    return lo, hi
+
+
+def _axis(size, k, s, pb, d, o, pad_end_explicit, include_pad, dtype):
+    """Per output index along one axis: the window's first input index, the range of kernel
+    taps inside the image, and the averaging count along this axis."""
+    start = np.arange(o, dtype=np.int64) * s - pb
+    taps = start[:, None] + np.arange(k, dtype=np.int64)[None, :] * d
+    inside = (taps >= 0) & (taps < size)
+    lo = np.where(inside.any(1), inside.argmax(1), 0).astype(np.int64)
+    hi = np.where(inside.any(1), k - inside[:, ::-1].argmax(1), 0).astype(np.int64)
+    if include_pad:
+        count = ((taps >= -pb) & (taps < size + pad_end_explicit)).sum(1)
+    else:
+        count = hi - lo
+    return start, lo, hi, count.astype(dtype)
+
+
+def _setup(X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, include_pad=0):
+    k = tuple(kernel_shape)
+    s, pb, pe, d, out_sp, _extra = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad,
+                                             ceil_mode)
+    X = np.ascontiguousarray(X)
+    n, c, h, w = X.shape
+    oh, ow = out_sp
+    hy = _axis(h, k[0], s[0], pb[0], d[0], oh, pe[0], include_pad, X.dtype)
+    wq = _axis(w, k[1], s[1], pb[1], d[1], ow, pe[1], include_pad, X.dtype)
+    taps = _taps(w, k[1], s[1], pb[1], d[1], ow)
+    out = np.empty((n, c, oh, ow), X.dtype)
+    return X, out, (h, w, oh, ow), (s[1], pb[1]), d, hy, wq, taps
+
+
+def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(), pads=None,
+             storage_order=0, strides=None):
+    sync_threads()
+    X, out, (h, w, oh, ow), (sw, pl), d, hy, _wq, taps = _setup(
+        X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode)
+    if out.size:
+        _max_pool(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl,
+                  hy[0], hy[1], hy[2], taps[0], taps[1], X.dtype.type(-np.inf))
+    return out
+
+
+def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
+                 kernel_shape=(), pads=None, strides=None):
+    sync_threads()
+    X, out, (h, w, oh, ow), (sw, pl), d, hy, wq, taps = _setup(
+        X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, count_include_pad)
+    if out.size:
+        _avg_pool(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl,
+                  hy[0], hy[1], hy[2], taps[0], taps[1], hy[3], wq[3], X.dtype.type(0))
+    return out
