@@ -116,6 +116,25 @@ def test_method_matches_torch_forward_and_backward(name, ours, theirs):
     check(ours, theirs)
 
 
+def test_maximum_and_minimum_split_the_gradient_at_ties_as_torch_does():
+    a = np.array([1.0, 2.0, 3.0], np.float32)
+    b = np.array([1.0, 5.0, 0.0], np.float32)
+    for name in ("maximum", "minimum"):
+        x, tx = both(a)
+        y, ty = both(b)
+        getattr(x, name)(y).sum().backward()
+        getattr(torch, name)(tx, ty).sum().backward()
+        np.testing.assert_array_equal(x.grad.numpy(), tx.grad.numpy())
+        np.testing.assert_array_equal(y.grad.numpy(), ty.grad.numpy())
+    np.testing.assert_array_equal(Tensor(a).maximum(2).numpy(), np.maximum(a, 2))
+
+
+def test_the_norm_of_a_zero_vector_has_a_zero_gradient_as_in_torch():
+    a = np.array([[0.0, 0.0], [3.0, 4.0]], np.float32)
+    check(lambda x: x.norm(dim=1), lambda t: t.norm(dim=1), a)
+    check(lambda x: functional.normalize(x), lambda t: torch.nn.functional.normalize(t), a)
+
+
 def test_conversions_give_torchs_dtypes():
     x = Tensor(np.array([-1.5, 0.0, 2.7], np.float32))
     t = torch.tensor([-1.5, 0.0, 2.7])

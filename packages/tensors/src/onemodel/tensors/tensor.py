@@ -402,14 +402,12 @@ class Tensor:
     clamp = clip
 
     def maximum(self, other) -> Tensor:
-        """Elementwise maximum (``where(self >= other, self, other)``)."""
-        return where(self >= other, self, other) if isinstance(other, Tensor) else \
-            where(self >= other, self, _scalar_like(other, self))
+        """Elementwise maximum; at ties each side gets half the gradient, as in PyTorch."""
+        return _extreme(self, other, Tensor.__gt__, Tensor.__ge__)
 
     def minimum(self, other) -> Tensor:
-        """Elementwise minimum (``where(self <= other, self, other)``)."""
-        return where(self <= other, self, other) if isinstance(other, Tensor) else \
-            where(self <= other, self, _scalar_like(other, self))
+        """Elementwise minimum; at ties each side gets half the gradient, as in PyTorch."""
+        return _extreme(self, other, Tensor.__lt__, Tensor.__le__)
 
     def masked_fill(self, mask, value) -> Tensor:
         """``value`` where ``mask`` is True, ``self`` elsewhere (the mask broadcasts)."""
@@ -448,8 +446,10 @@ class Tensor:
         """The p-norm over ``axis`` (all elements by default): p = 2, 1, inf, -inf or any
         positive number, built from abs, powers and reductions."""
         a = self.abs()
-        if p == 2:
-            return (self * self).sum(axis, keepdims=keepdims).sqrt()
+        if p == 2:  # sqrt only of positive sums: a zero vector gets gradient 0, as in PyTorch
+            ss = (self * self).sum(axis, keepdims=keepdims)
+            pos = ss > 0
+            return where(pos, where(pos, ss, _scalar_like(1, ss)).sqrt(), _scalar_like(0, ss))
         if p == 1:
             return a.sum(axis, keepdims=keepdims)
         if p == float("inf"):
@@ -869,6 +869,13 @@ def ones_like(t: Tensor) -> Tensor:
 def tensor(data: Any, dtype=None, requires_grad: bool = False) -> Tensor:
     """Build a tensor from nested data; Python floats become F32, ints I64."""
     return Tensor(data, dtype=dtype, requires_grad=requires_grad)
+
+
+def _extreme(a: Tensor, b, strict, loose) -> Tensor:
+    """max/min from Where: the mean of the strict and the loose choice is the same value, and
+    splits the gradient evenly where ``a`` and ``b`` tie."""
+    b = b if isinstance(b, Tensor) else _scalar_like(b, a)
+    return (where(strict(a, b), a, b) + where(loose(a, b), a, b)) * 0.5
 
 
 def _check_device(device) -> None:
