@@ -227,3 +227,18 @@ def test_torch_export_of_attention_with_computed_shapes():
     assert {"ConstantOfShape", "Range", "Expand"} <= ops
     rng = np.random.default_rng(1)
     _agree(model, [{"x": rng.random((b, s, 16), dtype=np.float32)} for b, s in SIZES])
+
+
+def test_errors_name_a_node_the_file_left_unnamed_by_its_generated_name():
+    # at load: an attribute OneModel does not know
+    model = _model([h.make_node("Relu", ["x"], ["y"], bogus=1)])
+    with pytest.raises(OneModelError, match=r"node Relu__\d+ \(Relu"):
+        from_model(model, "m")
+    # at load or plan time: a Range whose step, computed from the input's shape, is 0
+    nodes = [h.make_node("Shape", ["x"], ["sh"]),
+             h.make_node("Gather", ["sh", "one"], ["n"], axis=0),
+             h.make_node("Sub", ["n", "n"], ["step"]),
+             h.make_node("Range", ["zero", "n", "step"], ["r"]),
+             h.make_node("Cast", ["r"], ["y"], to=T.FLOAT)]
+    with pytest.raises(OneModelError, match=r"node Range__\d+ \(Range.*non-zero step"):
+        Session(from_model(_model(nodes, [_i64("one", 1), _i64("zero", 0)]), "m")).run(_x(2, 5))

@@ -231,7 +231,10 @@ def _const(graph: Graph, fresh, values, dtype=np.int64) -> str:
 def _convert(node, opset: int, graph: Graph, fresh) -> None:
     op = _text(node.op_type, "an op type")
     domain = _text(node.domain, f"the domain of a {op} node") or "ai.onnx"
-    label = (f"node {_text(node.name, f'the name of a {op} node') or '?'} ({op}, domain "
+    # a node without a name gets the generated one it will carry in the graph (Range__17), so
+    # an error at load or plan time names the same node
+    name = _text(node.name, f"the name of a {op} node") or fresh(op)
+    label = (f"node {name} ({op}, domain "
              f"{domain}, opset {opset})")
     inputs = [_text(i, f"{label}: an input name") for i in node.input]
     outputs = [_text(o, f"{label}: an output name") for o in node.output]
@@ -239,7 +242,7 @@ def _convert(node, opset: int, graph: Graph, fresh) -> None:
         raise UnsupportedOpError(f"{label}: domain {domain!r} is not supported")
     attrs = _attrs(node, label)
     try:
-        _convert_node(node, op, label, inputs, outputs, attrs, opset, graph, fresh)
+        _convert_node(node, op, name, label, inputs, outputs, attrs, opset, graph, fresh)
     except OneModelError:
         raise
     except (IndexError, KeyError, ValueError, TypeError, AttributeError, ArithmeticError) as exc:
@@ -262,7 +265,8 @@ def _constant(node, label: str, attrs: dict) -> np.ndarray:
     raise UnsupportedOpError(f"{label}: Constant with {key} is not supported")
 
 
-def _constant_of_shape(node, label: str, inputs, outputs, attrs, graph: Graph, fresh) -> None:
+def _constant_of_shape(node, name: str, label: str, inputs, outputs, attrs, graph: Graph,
+                       fresh) -> None:
     """Folded on import when its shape is a constant (weights of the model-zoo files); the
     element count is checked against ONEMODEL_MAX_CONSTANT_ELEMENTS before allocating. A shape
     computed at run time (from Shape ops) becomes ``Expand`` of the 0-d value to that shape:
@@ -280,7 +284,7 @@ def _constant_of_shape(node, label: str, inputs, outputs, attrs, graph: Graph, f
         scalar = fresh("const")
         graph.initializers[scalar] = value.reshape(())
         graph.nodes.append(Node("Expand", [scalar, inputs[0]], outputs[:1], {},
-                                node.name or fresh("ConstantOfShape")))
+                                name))
         return
     dims = graph.initializers[inputs[0]]
     if dims.ndim != 1 or dims.dtype.kind not in "iu" or (dims < 0).any():
@@ -295,14 +299,15 @@ def _constant_of_shape(node, label: str, inputs, outputs, attrs, graph: Graph, f
     graph.initializers[outputs[0]] = np.full(shape, value.reshape(-1)[0], value.dtype)
 
 
-def _convert_node(node, op, label, inputs, outputs, attrs, opset, graph: Graph, fresh) -> None:
+def _convert_node(node, op, name, label, inputs, outputs, attrs, opset, graph: Graph,
+                  fresh) -> None:
     if op in ("Constant", "ConstantOfShape") and (not outputs or not outputs[0]):
         raise OnnxFormatError(f"{label}: a {op} needs its output")
     if op == "Constant":
         graph.initializers[outputs[0]] = _constant(node, label, attrs)
         return
     if op == "ConstantOfShape":
-        _constant_of_shape(node, label, inputs, outputs, attrs, graph, fresh)
+        _constant_of_shape(node, name, label, inputs, outputs, attrs, graph, fresh)
         return
     for k in list(attrs):
         if k in _LEGACY:
@@ -339,7 +344,7 @@ def _convert_node(node, op, label, inputs, outputs, attrs, opset, graph: Graph, 
         attrs.pop("ratio", None)
     elif op in ("Softmax", "LogSoftmax") and opset < 13:
         _need(inputs, 1, label, op)
-        _old_softmax(op, inputs[0], outputs[0], attrs.get("axis", 1), graph, fresh, node.name)
+        _old_softmax(op, inputs[0], outputs[0], attrs.get("axis", 1), graph, fresh, name)
         return
     elif op == "Upsample" or op == "Resize":
         raise UnsupportedOpError(f"{label}: op {op!r} is not in OneModel's op set")
@@ -358,7 +363,7 @@ def _convert_node(node, op, label, inputs, outputs, attrs, opset, graph: Graph, 
             attrs[k] = tuple(v)
     while inputs and inputs[-1] == "":
         inputs.pop()
-    graph.nodes.append(Node(op, inputs, outputs, attrs, node.name or fresh(op)))
+    graph.nodes.append(Node(op, inputs, outputs, attrs, name))
 
 
 def _old_softmax(op, x, y, axis, graph, fresh, name):
