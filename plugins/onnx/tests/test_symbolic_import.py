@@ -242,3 +242,16 @@ def test_errors_name_a_node_the_file_left_unnamed_by_its_generated_name():
              h.make_node("Cast", ["r"], ["y"], to=T.FLOAT)]
     with pytest.raises(OneModelError, match=r"node Range__\d+ \(Range.*non-zero step"):
         Session(from_model(_model(nodes, [_i64("one", 1), _i64("zero", 0)]), "m")).run(_x(2, 5))
+
+
+def test_range_over_float_bounds_computed_from_shape_is_evaluated_when_planned():
+    # a float step of 0.5 is not a value any shape rule reads; every input is known once the
+    # plan binds the sizes, so the planner evaluates the node
+    nodes = [h.make_node("Shape", ["x"], ["sh"]),
+             h.make_node("Gather", ["sh", "one"], ["n"], axis=0),
+             h.make_node("Cast", ["n"], ["nf"], to=T.FLOAT),
+             h.make_node("Range", ["start", "nf", "half"], ["r"]),
+             h.make_node("Mul", ["r", "r"], ["y"])]
+    inits = [_i64("one", 1), h.make_tensor("start", T.FLOAT, [], [0.25]),
+             h.make_tensor("half", T.FLOAT, [], [0.5])]
+    _agree(_model(nodes, inits), [_x(*size) for size in SIZES])

@@ -25,6 +25,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec, registry
 from onemodel.tensors.ops import OPS
+from onemodel.tensors.ops.base import UnknownValueError
 
 from .graph import Graph, GraphError, small_value
 from .guards import check_guards
@@ -250,9 +251,12 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
             out_specs = op.infer(in_specs, n.attrs)
         except OneModelError as exc:
             out_specs = _settled_by_symbols(n, in_specs, symbolic, bindings)
-            if out_specs is None:
+            # a rule that needs values its specs do not carry (a Range over float bounds
+            # computed from Shape): every input is known now, so the kernel gives the outputs
+            if out_specs is None and not (isinstance(exc, UnknownValueError)
+                                          and _inputs_known(n, consts)):
                 raise GraphError(f"{n.label()}: {exc} (at {_bound(bindings)})") from None
-        for name, spec in zip(n.outputs, out_specs):
+        for name, spec in zip(n.outputs, out_specs or ()):
             if name and any(int(d) < 0 for d in spec.shape):
                 # name the node that made the absurd size, not the one that would meet it later
                 raise GraphError(f"{n.label()}: its output {name!r} would have the negative shape "
@@ -260,7 +264,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
                                  f"{_bound(bindings)})")
             if name:
                 specs[name] = spec
-        if _plan_time(n, consts, out_specs):
+        if out_specs is None or _plan_time(n, consts, out_specs):
             args = [consts.get(i) if i else None for i in n.inputs]
             if n.op == "Shape":  # only the shape is read: a zero-strided view allocates nothing
                 args = [_fake(specs[n.inputs[0]])]
@@ -359,11 +363,16 @@ def _plan_time(n, consts, out_specs) -> bool:
     results computed only from constants."""
     if n.op == "Shape":
         return True
-    if n.op == "Dropout" or not n.inputs:
-        return False
-    if not all((not i) or i in consts for i in n.inputs):
+    if not _inputs_known(n, consts):
         return False
     return all(int(np.prod(s.shape)) <= _PLAN_CONST_MAX for s in out_specs)
+
+
+def _inputs_known(n, consts) -> bool:
+    """Every input of a deterministic node is a constant of this plan."""
+    if n.op == "Dropout" or not n.inputs:
+        return False
+    return all((not i) or i in consts for i in n.inputs)
 
 
 def _choose_kernel(n, in_specs):
