@@ -255,3 +255,47 @@ def test_range_over_float_bounds_computed_from_shape_is_evaluated_when_planned()
     inits = [_i64("one", 1), h.make_tensor("start", T.FLOAT, [], [0.25]),
              h.make_tensor("half", T.FLOAT, [], [0.5])]
     _agree(_model(nodes, inits), [_x(*size) for size in SIZES])
+
+
+def test_torch_export_of_a_llama_style_block():
+    # RMSNorm, rotary embeddings over arange(seq), a causal mask from full(...).triu(1):
+    # Range, ConstantOfShape, Split and Slice bounds all depend on the dynamic sequence axis
+    torch = pytest.importorskip("torch")
+
+    class Block(torch.nn.Module):
+        def __init__(self, d=16, heads=2, vocab=50):
+            super().__init__()
+            self.emb = torch.nn.Embedding(vocab, d)
+            self.qkv = torch.nn.Linear(d, 3 * d, bias=False)
+            self.out = torch.nn.Linear(d, d, bias=False)
+            self.weight = torch.nn.Parameter(torch.rand(d) + 0.5)
+            self.heads = heads
+            half = torch.arange(0, d // heads, 2).float() / (d // heads)
+            self.register_buffer("inv_freq", 1.0 / (10000**half))
+
+        def rope(self, x, cos, sin):
+            x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+            return x * cos + torch.cat([-x2, x1], -1) * sin
+
+        def forward(self, ids):
+            b, s = ids.shape
+            x = self.emb(ids)
+            freqs = torch.outer(torch.arange(s, dtype=torch.float32), self.inv_freq)
+            angles = torch.cat([freqs, freqs], -1)
+            cos, sin = angles.cos()[None, None], angles.sin()[None, None]
+            normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+            q, k, v = self.qkv(normed).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+            mask = torch.full((s, s), float("-inf")).triu(1)
+            att = torch.softmax(q @ k.transpose(-1, -2) / 2.0 + mask, -1)
+            return x + self.out((att @ v).transpose(1, 2).reshape(b, s, -1))
+
+    torch.manual_seed(0)
+    buf = io.BytesIO()
+    torch.onnx.export(Block().eval(), (torch.randint(0, 50, (2, 5)),), buf, dynamo=False,
+                      input_names=["ids"], output_names=["y"], opset_version=17,
+                      dynamic_axes={"ids": {0: "batch", 1: "seq"}})
+    model = onnx.load_from_string(buf.getvalue())
+    assert {"Range", "ConstantOfShape", "Trilu"} <= {n.op_type for n in model.graph.node}
+    rng = np.random.default_rng(2)
+    _agree(model, [{"ids": rng.integers(0, 50, size)} for size in ((2, 5), (3, 9))])
