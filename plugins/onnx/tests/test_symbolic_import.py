@@ -299,3 +299,17 @@ def test_torch_export_of_a_llama_style_block():
     assert {"Range", "ConstantOfShape", "Trilu"} <= {n.op_type for n in model.graph.node}
     rng = np.random.default_rng(2)
     _agree(model, [{"ids": rng.integers(0, 50, size)} for size in ((2, 5), (3, 9))])
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_split_of_a_symbolic_axis_into_equal_parts(parts):
+    outs = [f"p{i}" for i in range(parts)]
+    nodes = [h.make_node("Split", ["x"], outs, axis=1, num_outputs=parts),
+             h.make_node("Concat", outs[::-1], ["y"], axis=1)]
+    model = _model(nodes)
+    spec = from_model(model, "m").validate(allow_unknown=True)
+    for s in (6, 7, 8):  # ONNX's sizes: ceil(s / parts), the rest in the last
+        want = [len(c) for c in np.array_split(np.arange(s), np.cumsum(
+            [-(-s // parts)] * (parts - 1)))]
+        assert [spec[o].shape[1].evaluate({"s": s, "b": 1}) for o in outs] == want
+    _agree(model, [_x(2, 6), _x(3, 8)])

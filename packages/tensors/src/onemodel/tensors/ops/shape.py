@@ -215,6 +215,13 @@ def _split_shape(specs, *, axis=0, num_outputs=None):
     x = specs[0]
     a = norm_axis(axis, len(x.shape))
     split = const_ints(specs[1] if len(specs) > 1 else None, "Split sizes")
+    if split is None and num_outputs and isinstance(x.shape[a], DimExpr):
+        # ONNX: num_outputs - 1 parts of ceil(dim / num_outputs), the rest in the last
+        # (assumed non-empty; the plan checks it with real sizes)
+        n, dim = int(num_outputs), x.shape[a]
+        part = floordiv(add(dim, n - 1), n)
+        sizes = [part] * (n - 1) + [add(dim, mul(part, -(n - 1)))]
+        return [TensorSpec(x.shape[:a] + (d,) + x.shape[a + 1:], x.dtype) for d in sizes]
     sizes = _split_sizes(x.shape[a], split, num_outputs)
     if isinstance(x.shape[a], int) and sum(sizes) != x.shape[a]:
         raise ShapeError(f"split sizes {sizes} do not add up to axis {a} size {x.shape[a]}")
