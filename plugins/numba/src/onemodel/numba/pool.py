@@ -5,6 +5,8 @@ loops never test for padding; parallel over the N*C planes."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from numba import prange
@@ -132,18 +134,33 @@ def _axis(size, k, s, pb, d, o, pad_end_explicit, include_pad, dtype):
     return start, lo, hi, count.astype(dtype)
 
 
-def _setup(X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, include_pad=0):
-    k = tuple(kernel_shape)
-    s, pb, pe, d, out_sp, _extra = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad,
-                                             ceil_mode)
-    X = np.ascontiguousarray(X)
-    n, c, h, w = X.shape
-    oh, ow = out_sp
-    hy = _axis(h, k[0], s[0], pb[0], d[0], oh, pe[0], include_pad, X.dtype)
-    wq = _axis(w, k[1], s[1], pb[1], d[1], ow, pe[1], include_pad, X.dtype)
+@lru_cache(maxsize=256)
+def _plan(shape, dtype, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, include_pad):
+    """The window tables of one call signature, made once: on small tensors their numpy set-up
+    would cost more than the kernel. Read-only, so threads share them."""
+    k = kernel_shape
+    s, pb, pe, d, (oh, ow), _extra = _geometry(shape[2:], k, strides, pads, dilations, auto_pad,
+                                               ceil_mode)
+    h, w = shape[2:]
+    hy = _axis(h, k[0], s[0], pb[0], d[0], oh, pe[0], include_pad, dtype)
+    wq = _axis(w, k[1], s[1], pb[1], d[1], ow, pe[1], include_pad, dtype)
     taps = _taps(w, k[1], s[1], pb[1], d[1], ow)
-    out = np.empty((n, c, oh, ow), X.dtype)
-    return X, out, (h, w, oh, ow), (s[1], pb[1]), d, hy, wq, taps
+    for table in (*hy, *wq, *taps):
+        table.flags.writeable = False
+    return (h, w, oh, ow), (s[1], pb[1]), d, hy, wq, taps
+
+
+def _tuple(v):
+    return None if v is None else tuple(int(t) for t in v)
+
+
+def _setup(X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, include_pad=0):
+    X = np.ascontiguousarray(X)
+    sizes, row, d, hy, wq, taps = _plan(X.shape, X.dtype, _tuple(kernel_shape), _tuple(strides),
+                                        _tuple(pads), _tuple(dilations), auto_pad, int(ceil_mode),
+                                        int(include_pad))
+    out = np.empty((*X.shape[:2], sizes[2], sizes[3]), X.dtype)
+    return X, out, sizes, row, d, hy, wq, taps
 
 
 def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(), pads=None,
