@@ -66,6 +66,11 @@ CASES = [
                                      pads=(0, 0, 2, 2))),
     ("MaxPool", [(1, 3, 6, 9)], dict(kernel_shape=(3, 2), strides=(1, 1), pads=(1, 1, 1, 1),
                                      dilations=(1, 2))),
+    ("MaxPool", [(2, 3, 8, 10)], dict(kernel_shape=(2, 2), strides=(2, 2))),
+    ("MaxPool", [(2, 3, 9, 7)], dict(kernel_shape=(2, 2), strides=(2, 2))),
+    ("MaxPool", [(2, 3, 9, 7)], dict(kernel_shape=(2, 2), strides=(2, 2), ceil_mode=1)),
+    ("MaxPool", [(2, 3, 8, 8)], dict(kernel_shape=(2, 2), strides=(2, 2), pads=(1, 1, 1, 1))),
+    ("MaxPool", [(2, 3, 8, 8)], dict(kernel_shape=(2, 2), strides=(2, 1))),
     ("AveragePool", [(2, 3, 17, 13)], dict(kernel_shape=(3, 3), strides=(2, 2),
                                            pads=(1, 1, 1, 1))),
     ("AveragePool", [(2, 3, 17, 13)], dict(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1,
@@ -210,6 +215,7 @@ def test_pooling_special_values_follow_the_reference(op):
     x[1, 0, 6, 7] = -np.inf
     for attrs in (dict(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
                   dict(kernel_shape=(2, 2), strides=(3, 3), ceil_mode=1, pads=(0, 0, 2, 2)),
+                  dict(kernel_shape=(2, 2), strides=(2, 2)),
                   dict(kernel_shape=(2, 2), strides=(2, 2), pads=(0, 0, 4, 4))):
         with np.errstate(invalid="ignore", divide="ignore"):
             want = OPS[op].kernel(x, **attrs)

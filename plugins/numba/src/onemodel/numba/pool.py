@@ -73,6 +73,38 @@ def _max_pool(x, out, h, w, oh, ow, dh, dw, sw, pl, h0, lo_h, hi_h, lo_q, hi_q, 
 
 
 @jit(parallel=True)
+def _max_pool_2x2(x, out, h, w, oh, ow):
+    """The common 2x2, stride-2, unpadded MaxPool: four loads per output in one sweep per row
+    (the separable path's per-row set-up costs more than this on small planes). NaN planes
+    take the exact comparison, so NaN wins as in np.maximum."""
+    planes = out.shape[0] // (oh * ow)
+    for p in prange(planes):
+        src = p * h * w
+        base = p * oh * ow
+        nan = _has_nan(x, src, src + h * w)
+        for y in range(oh):
+            r0 = src + 2 * y * w
+            r1 = r0 + w
+            o = base + y * ow
+            if nan:
+                for q in range(ow):
+                    m = x[U(r0 + 2 * q)]
+                    for v in (x[U(r0 + 2 * q + 1)], x[U(r1 + 2 * q)], x[U(r1 + 2 * q + 1)]):
+                        if v > m or v != v:
+                            m = v
+                    out[U(o + q)] = m
+            else:
+                for q in range(ow):
+                    a = x[U(r0 + 2 * q)]
+                    b = x[U(r0 + 2 * q + 1)]
+                    c = x[U(r1 + 2 * q)]
+                    d = x[U(r1 + 2 * q + 1)]
+                    a = a if a > b else b
+                    c = c if c > d else d
+                    out[U(o + q)] = a if a > c else c
+
+
+@jit(parallel=True)
 def _avg_pool(x, out, h, w, oh, ow, dh, dw, sw, pl, h0, lo_h, hi_h, lo_q, hi_q, n_h, n_w, zero):
     """out[p, y, q] = (sum of x[p] over the window inside the image) / (n_h[y] * n_w[q]),
     in the input's dtype; separable like the max: the window's rows summed in one contiguous
@@ -166,9 +198,14 @@ def _setup(X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, inclu
 def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(), pads=None,
              storage_order=0, strides=None):
     sync_threads()
-    X, out, (h, w, oh, ow), (sw, pl), d, hy, _wq, taps = _setup(
+    X, out, (h, w, oh, ow), (sw, pl), d, hy, wq, taps = _setup(
         X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode)
-    if out.size:
+    if out.size and _tuple(kernel_shape) == (2, 2) and (sw, d) == (2, (1, 1)) and \
+            hy[0][0] == 0 and hy[2][-1] == 2 and wq[0][0] == 0 and wq[2][-1] == 2 and \
+            _tuple(strides)[0] == 2:
+        # 2x2/2 whose first and last windows lie inside the image: so do all the others
+        _max_pool_2x2(X.reshape(-1), out.reshape(-1), h, w, oh, ow)
+    elif out.size:
         _max_pool(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl,
                   hy[0], hy[1], hy[2], taps[0], taps[1], X.dtype.type(-np.inf))
     return out
