@@ -39,22 +39,26 @@ class PlanCache:
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
 
+    def _hit(self, key: Hashable) -> Plan | None:
+        """The plan under ``key`` (now the most recently used), or None."""
+        with self._lock:
+            entry = self._plans.get(key)
+            if entry is None:
+                return None
+            self._plans.move_to_end(key)
+            self._hits += 1
+            return entry[0]
+
     def get_or_build(self, key: Hashable, build: Callable[..., Plan], *args) -> Plan:
         """The plan under ``key``; on a miss, ``build(*args)`` makes it (once, even when several
         threads miss together) and it is kept if it fits."""
-        with self._lock:
-            entry = self._plans.get(key)
-            if entry is not None:
-                self._plans.move_to_end(key)
-                self._hits += 1
-                return entry[0]
+        plan = self._hit(key)
+        if plan is not None:
+            return plan
         with self._build_lock:
-            with self._lock:
-                entry = self._plans.get(key)
-                if entry is not None:
-                    self._plans.move_to_end(key)
-                    self._hits += 1
-                    return entry[0]
+            plan = self._hit(key)  # another thread may have built it while this one waited
+            if plan is not None:
+                return plan
             plan = build(*args)
             with self._lock:
                 self._builds += 1

@@ -68,10 +68,15 @@ class Plan:
     # here too): an output on it is copied, so no caller ever holds the session's memory
     const_roots: frozenset[int] = frozenset()
 
-    def execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def _slots(self, arrays: Sequence[np.ndarray]) -> list:
+        """The slot values a run starts from: the template with the feeds in place."""
         vals = self.template.copy()
         for (_, slot), arr in zip(self.inputs, arrays):
             vals[slot] = arr
+        return vals
+
+    def execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        vals = self._slots(arrays)
         step = None
         try:
             for step in self.steps:
@@ -94,9 +99,7 @@ class Plan:
     def execute_profiled(self, arrays: Sequence[np.ndarray], profiler) -> list[np.ndarray]:
         """``execute``, recording each step's time in ``profiler`` (profiling.Profiler)."""
         clock = profiler.now_us
-        vals = self.template.copy()
-        for (_, slot), arr in zip(self.inputs, arrays):
-            vals[slot] = arr
+        vals = self._slots(arrays)
         step = None
         try:
             for step in self.steps:
