@@ -1,0 +1,3 @@
+"""Quantization ops: linear quantize/dequantize, integer and QLinear products."""
+
+from __future__ import annotations

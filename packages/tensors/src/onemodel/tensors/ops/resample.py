@@ -1,0 +1,3 @@
+"""Resampling ops: Resize, GridSample, AffineGrid, Col2Im, CenterCropPad."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Signal-processing ops: DFT, STFT, window functions, mel weight matrices."""
+
+from __future__ import annotations
