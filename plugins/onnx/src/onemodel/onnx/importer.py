@@ -1,8 +1,9 @@
 """ONNX ModelProto -> Graph.
 
-Models from opset 7 on are brought to the op set's semantics (ONNX opset 18 forms) by adapters
-written per op: attributes that later opsets turned into inputs (Reduce* and Squeeze axes, Split
-sizes, Slice bounds, Clip bounds, Pad pads), Softmax's pre-13 flattening, legacy attributes. IR < 4
+Models from opset 7 on are brought to the op set's semantics (its latest ONNX forms) by the
+import adapters each op declares beside its definition (``onemodel.tensors.ops.adapters``:
+attributes that later opsets turned into inputs, Softmax's pre-13 flattening, a Cast's element
+type); attributes of old opsets that carry no meaning are dropped here. IR < 4
 models that list initializers as graph inputs are handled as ONNX Runtime does: an input with an
 initializer is a constant. ``dim_param`` axes become symbols. External data files are read from
 beside the model.
@@ -28,6 +29,7 @@ from onemodel.runtime.guards import METADATA_KEY, guards_from_list
 from onemodel.tensors import DimExpr, OneModelError
 from onemodel.tensors.fileio import load_limit, read_json
 from onemodel.tensors.ops import OPS
+from onemodel.tensors.ops.adapters import ImportNode, adapters_for
 
 from .dtypes import from_onnx
 from .integrity import KEY, initializers_crc
@@ -37,9 +39,8 @@ class UnsupportedOpError(OneModelError):
     """The model uses an op the runtime does not have."""
 
 
-# attributes of older opsets that carry no meaning any more
+# attributes of older opsets that carry no meaning any more (dropped unless the op declares them)
 _LEGACY = {"consumed_inputs", "is_test", "spatial", "saturate"}
-_REDUCE = {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"}
 
 
 class OnnxFormatError(OneModelError):
@@ -309,69 +310,51 @@ def _convert_node(node, op, name, label, inputs, outputs, attrs, opset, graph: G
     if op == "ConstantOfShape":
         _constant_of_shape(node, name, label, inputs, outputs, attrs, graph, fresh)
         return
-    for k in list(attrs):
-        if k in _LEGACY:
-            del attrs[k]
-    # attribute forms of older opsets -> the input forms of opset 18
-    if (op in _REDUCE and "axes" in attrs) or (op in ("Squeeze", "Unsqueeze") and "axes" in attrs):
-        _need(inputs, 1, label, op)
-        inputs = [inputs[0], _const(graph, fresh, attrs.pop("axes"))]
-    elif op == "Split" and "split" in attrs:
-        _need(inputs, 1, label, op)
-        inputs = [inputs[0], _const(graph, fresh, attrs.pop("split"))]
-    elif op == "Split" and len(inputs) < 2 and "num_outputs" not in attrs:
-        attrs["num_outputs"] = len(outputs)
-    elif op == "Slice" and "starts" in attrs:
-        _need(inputs, 1, label, op)
-        if "ends" not in attrs:
-            raise OnnxFormatError(f"{label}: a Slice with a 'starts' attribute needs 'ends'")
-        names = [_const(graph, fresh, attrs.pop("starts")), _const(graph, fresh, attrs.pop("ends"))]
-        if "axes" in attrs:
-            names.append(_const(graph, fresh, attrs.pop("axes")))
-        inputs = [inputs[0], *names]
-    elif op == "Clip" and ("min" in attrs or "max" in attrs):
-        _need(inputs, 1, label, op)
-        lo = attrs.pop("min", None)
-        hi = attrs.pop("max", None)
-        inputs = [inputs[0], "" if lo is None else _const(graph, fresh, lo, np.float32),
-                  "" if hi is None else _const(graph, fresh, hi, np.float32)]
-    elif op == "Pad" and "pads" in attrs:
-        _need(inputs, 1, label, op)
-        value = attrs.pop("value", 0.0)
-        inputs = [inputs[0], _const(graph, fresh, attrs.pop("pads")),
-                  _const(graph, fresh, value, np.float32)]
-    elif op == "Dropout" and opset < 12:
-        attrs.pop("ratio", None)
-    elif op in ("Softmax", "LogSoftmax") and opset < 13:
-        _need(inputs, 1, label, op)
-        _old_softmax(op, inputs[0], outputs[0], attrs.get("axis", 1), graph, fresh, name)
-        return
-    elif op == "Upsample" or op == "Resize":
-        raise UnsupportedOpError(f"{label}: op {op!r} is not in OneModel's op set")
+    view = _ImportNode(op, inputs, outputs, attrs, opset, label, graph, fresh)
+    seen = set()
+    while view.op not in seen:  # an adapter may rename the op (a legacy op to its successor)
+        seen.add(view.op)
+        for adapt in adapters_for(view.op, opset):
+            adapt(view)
+            if view.replaced:
+                return
+    op, inputs, attrs = view.op, view.inputs, view.attrs
     if op not in OPS or OPS[op].domain:
         raise UnsupportedOpError(f"{label}: op {op!r} is not in OneModel's op set")
     known = OPS[op].attrs
+    for k in list(attrs):
+        if k in _LEGACY and k not in known:
+            del attrs[k]
     extra = [k for k in attrs if k not in known]
     if extra:
         raise UnsupportedOpError(f"{label}: attribute {extra[0]!r} of {op} is not supported")
-    if op == "Cast":
-        if "to" not in attrs:
-            raise OnnxFormatError(f"{label}: a Cast needs its 'to' attribute")
-        attrs["to"] = from_onnx(attrs["to"], f"{label} 'to'")
     for k, v in attrs.items():
         if isinstance(v, list):
             attrs[k] = tuple(v)
     while inputs and inputs[-1] == "":
         inputs.pop()
-    graph.nodes.append(Node(op, inputs, outputs, attrs, name))
+    graph.nodes.append(Node(op, inputs, view.outputs, attrs, name))
 
 
-def _old_softmax(op, x, y, axis, graph, fresh, name):
-    """Softmax before opset 13: over the input flattened to 2-D at ``axis``."""
-    shape = fresh("shape")
-    flat = fresh("flat")
-    soft = fresh("soft")
-    graph.nodes.append(Node("Shape", [x], [shape], {}, fresh("Shape")))
-    graph.nodes.append(Node("Flatten", [x], [flat], {"axis": axis}, fresh("Flatten")))
-    graph.nodes.append(Node(op, [flat], [soft], {"axis": -1}, name or fresh(op)))
-    graph.nodes.append(Node("Reshape", [soft, shape], [y], {}, fresh("Reshape")))
+class _ImportNode(ImportNode):
+    """What the op set's import adapters (``onemodel.tensors.ops.adapters``) see of a node."""
+
+    def __init__(self, op, inputs, outputs, attrs, opset, label, graph: Graph, fresh):
+        self.op, self.inputs, self.outputs, self.attrs = op, list(inputs), list(outputs), attrs
+        self.opset, self.label, self.replaced = opset, label, False
+        self._graph, self._fresh = graph, fresh
+
+    def const(self, values, dtype=np.int64) -> str:
+        return _const(self._graph, self._fresh, values, dtype)
+
+    def emit(self, op, inputs, attrs=None, outputs=1) -> list[str]:
+        names = [self._fresh(f"{op}_out") for _ in range(outputs)]
+        self._graph.nodes.append(Node(op, list(inputs), names, dict(attrs or {}),
+                                      self._fresh(op)))
+        return names
+
+    def dtype(self, code):
+        return from_onnx(code, f"{self.label} attribute")
+
+    def error(self, message: str) -> OneModelError:
+        return OnnxFormatError(f"{self.label}: {message}")

@@ -10,6 +10,7 @@ from ..dtype import FLOATING, NUMERIC, DType
 from ..errors import DTypeError
 from . import _special
 from ._grad import unbroadcast
+from .adapters import ImportNode, onnx_adapter
 from .base import TensorSpec, broadcast_shapes, defop, same_dtype
 
 # shape rules ---------------------------------------------------------------------------------
@@ -232,6 +233,17 @@ def _clip_shape(specs):
     return TensorSpec(specs[0].shape, specs[0].dtype)
 
 
+@onnx_adapter("Clip", before=11)
+def _clip_attributes(node: ImportNode) -> None:
+    """Opset < 11: the bounds were float attributes ``min`` and ``max``."""
+    if "min" not in node.attrs and "max" not in node.attrs:
+        return
+    node.need(1)
+    lo, hi = node.attrs.pop("min", None), node.attrs.pop("max", None)
+    node.inputs = [node.inputs[0], "" if lo is None else node.const(lo, np.float32),
+                   "" if hi is None else node.const(hi, np.float32)]
+
+
 @defop("Clip", shape=_clip_shape, grad=_clip_grad)
 def clip(input, min=None, max=None):
     out = input
@@ -315,6 +327,14 @@ def _cast_shape(specs, *, to):
     return TensorSpec(specs[0].shape, DType.of(to))
 
 
+@onnx_adapter("Cast")
+def _cast_to(node: ImportNode) -> None:
+    """``to`` is an ONNX element-type number in a file, a DType in the op set."""
+    if "to" not in node.attrs:
+        raise node.error("a Cast needs its 'to' attribute")
+    node.attrs["to"] = node.dtype(node.attrs["to"])
+
+
 @defop("Cast", shape=_cast_shape, grad=_cast_grad)
 def cast(input, *, to=DType.F32):
     """``to`` is a DType (its ONNX number when exported)."""
@@ -324,6 +344,12 @@ def cast(input, *, to=DType.F32):
 def _dropout_shape(specs, *, seed=None):
     x = specs[0]
     return [TensorSpec(x.shape, x.dtype), TensorSpec(x.shape, DType.BOOL)]
+
+
+@onnx_adapter("Dropout", before=12)
+def _dropout_ratio(node: ImportNode) -> None:
+    """Opset < 12: ``ratio`` was an attribute, meaningless at inference."""
+    node.attrs.pop("ratio", None)
 
 
 @defop("Dropout", shape=_dropout_shape, outputs=("output", "mask"))

@@ -12,6 +12,7 @@ from ..dtype import FLOATING, NUMERIC, DType
 from ..errors import ShapeError
 from ..symbolic import add, floordiv, format_shape, mul
 from ._grad import call
+from .adapters import ImportNode, onnx_adapter
 from .base import TensorSpec, defop, norm_axis, same_dtype
 
 # window geometry shared by convolution and pooling -----------------------------------------------
@@ -671,6 +672,17 @@ def _softmax_grad(ctx, g):
     return gy - y * gy.sum(axis=ctx.attrs["axis"], keepdims=True)
 
 
+@onnx_adapter("Softmax", "LogSoftmax", before=13)
+def _flattened_softmax(node: ImportNode) -> None:
+    """Opset < 13: over the input flattened to 2-D at ``axis`` (default 1), reshaped back."""
+    node.need(1)
+    x = node.inputs[0]
+    (shape,) = node.emit("Shape", [x])
+    (flat,) = node.emit("Flatten", [x], {"axis": node.attrs.get("axis", 1)})
+    (soft,) = node.emit(node.op, [flat], {"axis": -1})
+    node.op, node.inputs, node.attrs = "Reshape", [soft, shape], {}
+
+
 @defop("Softmax", shape=_softmax_shape, grad=_softmax_grad)
 def softmax(input, *, axis=-1):
     if input.size == 0:  # max over an empty axis has no identity; the result is empty too
@@ -690,5 +702,3 @@ def log_softmax(input, *, axis=-1):
         return np.empty_like(input)
     shifted = input - input.max(axis=axis, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
-
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtype import NUMERIC, DType
+from .adapters import ImportNode, attribute_to_input, onnx_adapter
 from .base import TensorSpec, const_ints, defop, norm_axis, same_dtype
 
 
@@ -52,6 +53,16 @@ def _expand_back(ctx, g):
 def _sum_grad(ctx, g):
     g, _ = _expand_back(ctx, g)
     return g.expand(*ctx.inputs[0].shape), None
+
+
+def _axes_attribute(node: ImportNode) -> None:
+    """Before opset 18 (13 for ReduceSum) ``axes`` was an attribute; registered for every
+    Reduce* op of this module."""
+    attribute_to_input(node, "axes", 1)
+
+
+onnx_adapter("ReduceSum", before=13)(_axes_attribute)
+onnx_adapter("ReduceMean", "ReduceMax", "ReduceMin", before=18)(_axes_attribute)
 
 
 @defop("ReduceSum", shape=_reduce_shape, grad=_sum_grad, static=("axes",))
@@ -160,6 +171,7 @@ def _reduction(name: str, fn, doc: str):
 
     kernel.__name__ = name.lower()
     kernel.__doc__ = doc
+    onnx_adapter(name, before=18)(_axes_attribute)
     return defop(name, shape=_reduce_shape, static=("axes",))(kernel)
 
 

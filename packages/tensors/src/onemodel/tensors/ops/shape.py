@@ -9,6 +9,7 @@ from ..dtype import DType
 from ..errors import ShapeError
 from ..symbolic import Dim, DimExpr, add, dims_equal, floordiv, mul, numel
 from ._grad import call, ints, unbroadcast
+from .adapters import ImportNode, attribute_to_input, onnx_adapter
 from .base import TensorSpec, broadcast_shapes, const_ints, defop, norm_axis, same_dtype
 
 # Reshape -------------------------------------------------------------------------------------
@@ -118,6 +119,12 @@ def _squeeze_shape(specs):
         if not (isinstance(x.shape[a], int) and x.shape[a] == 1):
             raise ShapeError(f"cannot squeeze axis {a} of size {x.shape[a]}")
     return TensorSpec(tuple(d for i, d in enumerate(x.shape) if i not in red), x.dtype)
+
+
+@onnx_adapter("Squeeze", "Unsqueeze", before=13)
+def _axes_attribute(node: ImportNode) -> None:
+    """Opset < 13: ``axes`` was an attribute."""
+    attribute_to_input(node, "axes", 1)
 
 
 @defop("Squeeze", shape=_squeeze_shape, static=("axes",),
@@ -232,6 +239,16 @@ def _split_grad(ctx, *gs):
     return call("Concat", *gs, axis=ctx.attrs["axis"]), None
 
 
+@onnx_adapter("Split")
+def _split_forms(node: ImportNode) -> None:
+    """Opset < 13 gave sizes as the ``split`` attribute; before opset 18 an even split had no
+    ``num_outputs`` and took the node's output count."""
+    if "split" in node.attrs:
+        attribute_to_input(node, "split", 1)
+    elif len(node.inputs) < 2 and "num_outputs" not in node.attrs:
+        node.attrs["num_outputs"] = len(node.outputs)
+
+
 @defop("Split", shape=_split_shape, grad=_split_grad, outputs=("outputs...",),
        static=("split",))
 def split(input, split=None, *, axis=0, num_outputs=None):
@@ -317,6 +334,20 @@ def _slice_grad(ctx, g):
     x, starts, ends, axes, steps = (list(ctx.inputs) + [None, None])[:5]
     return (call("SliceGrad", g, ints(x.shape), starts, ends, axes, steps),
             None, None, None, None)
+
+
+@onnx_adapter("Slice", before=10)
+def _slice_attributes(node: ImportNode) -> None:
+    """Opset < 10: ``starts``, ``ends`` and ``axes`` were attributes."""
+    if "starts" not in node.attrs:
+        return
+    node.need(1)
+    if "ends" not in node.attrs:
+        raise node.error("a Slice with a 'starts' attribute needs 'ends'")
+    bounds = [node.const(node.attrs.pop("starts")), node.const(node.attrs.pop("ends"))]
+    if "axes" in node.attrs:
+        bounds.append(node.const(node.attrs.pop("axes")))
+    node.inputs = [node.inputs[0], *bounds]
 
 
 @defop("Slice", shape=_slice_shape, grad=_slice_grad,
@@ -407,6 +438,17 @@ def _pad_grad(ctx, g):
             None, None, None)
 
 
+@onnx_adapter("Pad", before=11)
+def _pad_attributes(node: ImportNode) -> None:
+    """Opset < 11: ``pads`` and ``value`` were attributes."""
+    if "pads" not in node.attrs:
+        return
+    node.need(1)
+    value = node.attrs.pop("value", 0.0)
+    node.inputs = [node.inputs[0], node.const(node.attrs.pop("pads")),
+                   node.const(value, np.float32)]
+
+
 @defop("Pad", shape=_pad_shape, grad=_pad_grad, static=("pads", "axes"))
 def pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
     widths = _pad_widths(data.ndim, pads.tolist(), None if axes is None else axes.tolist())
@@ -472,4 +514,3 @@ def one_hot(indices, depth, values, *, axis=-1):
     out = np.where(hot, values[1], values[0]).astype(values.dtype)
     nd = indices.ndim + 1
     return np.moveaxis(out, -1, axis % nd)
-
