@@ -3,7 +3,8 @@
 Gate orders are ONNX's: LSTM ``i, o, f, c`` (peepholes ``i, o, f``), GRU ``z, r, h``. One numpy
 core runs a direction over time for all three; ``reverse`` runs the same core on each sequence
 reversed within its ``sequence_lens``. Steps past a sequence's length leave the state unchanged
-and write zeros to ``Y``, so ``Y_h``/``Y_c`` hold the state after each sequence's last step.
+and write zeros to ``Y``, so ``Y_h``/``Y_c`` hold the state after each sequence's last step (zeros
+for a sequence of length 0, as onnxruntime gives).
 
 Gradients: back-propagation through time in the internal ops ``RNNGrad``, ``GRUGrad`` and
 ``LSTMGrad`` (domain ``onemodel``), which recompute the forward pass and return gradients for X,
@@ -429,6 +430,8 @@ def _run(kind, X, W, R, B, sequence_lens, initial_h, initial_c, P, attrs, grads=
         if (lens == T).all():
             lens = None
     mask = None if lens is None else np.arange(T)[:, None] < lens[None, :]
+    # as onnxruntime: a sequence of length 0 has zero Y_h and Y_c (not its initial state)
+    live = None if lens is None or (lens > 0).all() else (lens > 0)[:, None]
     rev = None if lens is None else _reverse_index(lens, T)
     cols = np.arange(N)[None, :]
     if grads is not None:
@@ -457,15 +460,16 @@ def _run(kind, X, W, R, B, sequence_lens, initial_h, initial_c, P, attrs, grads=
         y, h, c, tape = _run_direction(d, x, h0, c0, mask, grads is not None)
         if grads is None:
             Y[:, k] = (y[::-1] if rev is None else y[rev, cols]) if backward else y
-            Yh[k] = h
+            Yh[k] = h if live is None else h * live
             if c is not None:
-                Yc[k] = c
+                Yc[k] = c if live is None else c * live
             continue
         dy = dY[:, k]
         if backward:
             dy = dy[::-1] if rev is None else dy[rev, cols]
-        res = _back_direction(d, x, tape, mask, dy, dYh[k],
-                              None if kind != "LSTM" else dYc[k])
+        dh_last = dYh[k] if live is None else dYh[k] * live
+        dc_last = None if kind != "LSTM" else dYc[k] if live is None else dYc[k] * live
+        res = _back_direction(d, x, tape, mask, dy, dh_last, dc_last)
         dx = res[0]
         if backward:
             dx = dx[::-1] if rev is None else dx[rev, cols]
