@@ -1,8 +1,9 @@
 """Symbolic values of small integer tensors: how a Reshape target computed from ``Shape(x)``
 stays known (as ``(batch, -1)``) while a graph is validated, before any size is bound.
 
-Only the ops that shape arithmetic uses are followed: Shape (its rule gives the value), Gather,
-Slice, Concat, Squeeze, Unsqueeze, Reshape, Identity, Cast, and elementwise Add, Sub, Mul, Div.
+Values built from constants are computed with the op's kernel; values holding symbols follow the
+ops that declare how (``OpDef.symbolic_value``: the shape arithmetic of Shape, Gather, Slice,
+Concat, the reshapes, Cast and Add/Sub/Mul/Div).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import numpy as np
 from onemodel.tensors import DimExpr, DType, OneModelError
 from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops import OPS
-from onemodel.tensors.symbolic import add, floordiv, mul
 
 _INT = (DType.I64, DType.I32)
 _MAX = 64
@@ -63,33 +63,5 @@ def _concrete(op, in_specs, vals, attrs):
 
 
 def _symbolic(op, in_specs, vals, attrs):
-    attrs = attrs or {}
-    if op in ("Identity", "Reshape", "Squeeze", "Unsqueeze", "Cast"):
-        return vals[0]
-    if op == "Concat":
-        return tuple(d for v in vals if v is not None for d in v)
-    if op == "Gather" and len(in_specs[0].shape) == 1:
-        data, idx = vals
-        n = len(data)
-        return tuple(data[int(i) % n] for i in idx if isinstance(i, int))
-    if op == "Slice" and len(in_specs[0].shape) == 1:
-        data = list(vals[0])
-        starts, ends = vals[1], vals[2]
-        steps = vals[4] if len(vals) > 4 and vals[4] is not None else (1,)
-        if not all(isinstance(x, int) for x in (*starts, *ends, *steps)):
-            return None
-        return tuple(data[slice(starts[0], ends[0], steps[0])])
-    if op in ("Add", "Sub", "Mul", "Div"):
-        a, b = vals
-        if len(a) != len(b):
-            if len(a) == 1:
-                a = a * len(b)
-            elif len(b) == 1:
-                b = b * len(a)
-            else:
-                return None
-        fn = {"Add": add, "Mul": mul, "Sub": lambda x, y: add(x, mul(y, -1)),
-              "Div": floordiv}[op]
-        return tuple(fn(x, y) for x, y in zip(a, b))
-    return None
-
+    rule = OPS[op].symbolic_value
+    return None if rule is None else rule(in_specs, vals, attrs or {})

@@ -32,10 +32,6 @@ from .errors import TraceError, TraceWarning, user_location
 from .traced import TracedData, TracedTensor
 from .verify import Difference, first_difference, unstable_constants
 
-# ops that exist for training only: no inference graph holds them
-UNTRACEABLE = {"CTCLoss", "CTCLossGrad", "ConvInputGrad", "ConvWeightGrad", "MaxPoolGrad",
-               "AveragePoolGrad", "SliceGrad", "GatherGrad", "PadGrad"}
-
 
 class Tracer:
     """Trace ``target`` (a Module or a function of Tensors)::
@@ -302,11 +298,11 @@ class Tracer:
     def record(self, op: str, inputs: Sequence[Tensor | None], attrs: dict | None):
         if not any(getattr(t, "_traced", False) for t in inputs if t is not None):
             return NotImplemented
-        if op in UNTRACEABLE:
-            self.refuse(op, "it is a training-only op with no inference graph form")
         opdef = OPS.get(op)
         if opdef is None:
             raise OneModelError(f"unknown op {op!r}")
+        if not opdef.traceable:
+            self.refuse(op, "it is a training-only op with no inference graph form")
         names, specs = [], []
         for t in inputs:
             if t is None:

@@ -21,18 +21,16 @@ from onemodel.tensors.ops import OPS
 from .dtypes import TO_ONNX
 from .integrity import KEY, initializers_crc
 
-# the opset each op's form needs (ops not listed need opset <= 18)
-_MIN_OPSET = {"Gelu": 20, "Pad": 18}
-DEFAULT_OPSET = 18
+DEFAULT_OPSET = 18  # files are written at this opset, or higher where an op's form needs it
 IR_VERSION = 8
 
 
 def required_opset(graph: Graph) -> int:
     need = DEFAULT_OPSET
     for n in graph.nodes:
-        need = max(need, _MIN_OPSET.get(n.op, 0))
-        if n.op == "Pad" and n.attrs.get("mode") == "wrap":
-            need = max(need, 19)
+        op = OPS.get(n.op)
+        if op is not None:
+            need = max(need, op.export_opset(n.attrs))
     return need
 
 

@@ -15,8 +15,6 @@ from onemodel.tensors.ops import OPS
 from ..graph import Graph, small_value
 from .base import Pass, PassResult
 
-# ops never folded: random, or producing far more data than they read
-_NEVER = {"Dropout", "Expand", "ConstantOfShape", "Tile"}
 MAX_ELEMENTS = 1 << 22  # elements of a folded node's outputs, all together
 
 
@@ -30,7 +28,8 @@ class ConstantFolding(Pass):
         specs = None
         folded = 0
         for n in list(graph.nodes):
-            if n.op in _NEVER:
+            op = OPS.get(n.op)
+            if op is None or not op.foldable:  # random, or far more data out than in
                 continue
             if n.op == "Shape":
                 if specs is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from onemodel.tensors import DType
-from onemodel.tensors.ops.fused import CHAIN_OPS
+from onemodel.tensors.ops.fused import chain_operands
 
 from ..graph import Graph, Node
 from .base import Pass, PassResult, Uses, same_spec
@@ -36,7 +36,7 @@ class ElementwiseFusion(Pass):
         taken: set[int] = set()
         fused = 0
         for node in list(graph.nodes):
-            if id(node) in taken or _op(node) not in CHAIN_OPS:
+            if id(node) in taken or chain_operands(_op(node)) is None:
                 continue
             if specs is None:
                 specs = graph.validate(allow_unknown=True)
@@ -46,7 +46,7 @@ class ElementwiseFusion(Pass):
             chain = [node]
             while True:
                 nxt = uses.sole_consumer(chain[-1].outputs[0])
-                if nxt is None or id(nxt) in taken or _op(nxt) not in CHAIN_OPS:
+                if nxt is None or id(nxt) in taken or chain_operands(_op(nxt)) is None:
                     break
                 if not self._fusable(graph, nxt, specs):
                     break
@@ -77,7 +77,7 @@ class ElementwiseFusion(Pass):
         out = specs.get(n.outputs[0])
         if out is None or out.dtype not in _FLOATS:
             return False
-        arity = CHAIN_OPS[_op(n)]
+        arity = chain_operands(_op(n))
         if n.op == "Clip":
             for bound in n.inputs[1:]:
                 value = graph.initializers.get(bound) if bound else None
@@ -95,7 +95,7 @@ class ElementwiseFusion(Pass):
         program: list[str] = []
         for k, n in enumerate(chain):
             args = []
-            for name in n.inputs[:CHAIN_OPS[_op(n)]]:
+            for name in n.inputs[:chain_operands(_op(n))]:
                 if name not in refs:
                     refs[name] = f"x{len(inputs)}"
                     inputs.append(name)

@@ -48,6 +48,18 @@ class OpDef:
     # inputs whose *values* the shape rule reads (a Reshape target): a graph must know them
     # before it can plan, as constants or as inputs the session treats as part of the signature
     static_inputs: frozenset[str] = frozenset()
+    # what else is specific to this op, read by the tracer, the passes and the exporters
+    traceable: bool = True  # False: a training-only op (a gradient kernel); no inference graph
+    foldable: bool = True  # False: never constant-folded (random, or much more data out than in)
+    chain_operands: int | None = None  # tensor operands, when it may join a FusedElementwise
+    # the value of its small integer output from its inputs' symbolic values (``TensorSpec.value``
+    # holding DimExprs), so a Reshape target computed from Shape(x) stays known: see symbolic_value
+    symbolic_value: Callable | None = None
+    onnx_opset: int | Callable[[dict], int] = 0  # the lowest ONNX opset that has this form
+
+    def export_opset(self, attrs: dict) -> int:
+        """The lowest ONNX opset that can hold this node (its form may depend on attributes)."""
+        return self.onnx_opset(attrs) if callable(self.onnx_opset) else self.onnx_opset
 
     def full_attrs(self, attrs: dict[str, Any] | None) -> dict[str, Any]:
         if not attrs:
@@ -86,9 +98,13 @@ OPS: dict[str, OpDef] = {}
 
 
 def defop(name: str, *, shape: Callable, grad: Callable | None = None, outputs=("Y",),
-          domain: str = "", static: tuple[str, ...] = ()):
+          domain: str = "", static: tuple[str, ...] = (), traceable: bool = True,
+          foldable: bool = True, chain_operands: int | None = None,
+          symbolic_value: Callable | None = None,
+          onnx_opset: int | Callable[[dict], int] = 0):
     """Define op ``name`` with ``shape`` (shape-and-dtype rule) and ``grad`` (gradient rule)
-    around its reference numpy kernel."""
+    around its reference numpy kernel; the other keywords are the ``OpDef`` fields of the same
+    names."""
 
     def wrap(kernel: Callable) -> OpDef:
         if name in OPS:
@@ -109,7 +125,8 @@ def defop(name: str, *, shape: Callable, grad: Callable | None = None, outputs=(
         if unknown:
             raise OneModelError(f"op {name!r}: static inputs {sorted(unknown)} are not inputs")
         op = OpDef(name, kernel, shape, grad, tuple(inputs), frozenset(optional), variadic, attrs,
-                   tuple(outputs), domain, inspect.getdoc(kernel) or "", frozenset(static))
+                   tuple(outputs), domain, inspect.getdoc(kernel) or "", frozenset(static),
+                   traceable, foldable, chain_operands, symbolic_value, onnx_opset)
         OPS[name] = op
         return op
 
@@ -121,6 +138,12 @@ def get_op(name: str) -> OpDef:
         return OPS[name]
     except KeyError:
         raise OneModelError(f"unknown op {name!r}; the op set has {len(OPS)} ops") from None
+
+
+def first_value(in_specs, values, attrs):
+    """``symbolic_value`` of ops that pass their first input's value through unchanged
+    (Identity, Cast, and the reshapes of a 1-D value)."""
+    return values[0]
 
 
 # shape-rule helpers -----------------------------------------------------------------------------

@@ -8,12 +8,30 @@ import numpy as np
 
 from ..dtype import FLOATING, NUMERIC, DType
 from ..errors import DTypeError
+from ..symbolic import add, floordiv, mul
 from . import _special
 from ._grad import unbroadcast
 from .adapters import ImportNode, onnx_adapter
-from .base import TensorSpec, broadcast_shapes, defop, same_dtype
+from .base import TensorSpec, broadcast_shapes, defop, first_value, same_dtype
 
 # shape rules ---------------------------------------------------------------------------------
+
+def _arithmetic(fn):
+    """``symbolic_value`` of Add/Sub/Mul/Div on 1-D values (one side may hold one element)."""
+
+    def value(in_specs, values, attrs):
+        a, b = values
+        if len(a) != len(b):
+            if len(a) == 1:
+                a = a * len(b)
+            elif len(b) == 1:
+                b = b * len(a)
+            else:
+                return None
+        return tuple(fn(x, y) for x, y in zip(a, b))
+
+    return value
+
 
 def _binary(specs, allowed=NUMERIC):
     a, b = specs
@@ -49,7 +67,7 @@ def _add_grad(ctx, g):
     return unbroadcast(g, a.shape), unbroadcast(g, b.shape)
 
 
-@defop("Add", shape=_binary, grad=_add_grad)
+@defop("Add", chain_operands=2, symbolic_value=_arithmetic(add), shape=_binary, grad=_add_grad)
 def add(A, B):
     return np.add(A, B)
 
@@ -73,7 +91,8 @@ def _sub_grad(ctx, g):
     return unbroadcast(g, a.shape), unbroadcast(-g, b.shape)
 
 
-@defop("Sub", shape=_binary, grad=_sub_grad)
+@defop("Sub", chain_operands=2,
+       symbolic_value=_arithmetic(lambda x, y: add(x, mul(y, -1))), shape=_binary, grad=_sub_grad)
 def sub(A, B):
     return np.subtract(A, B)
 
@@ -83,7 +102,7 @@ def _mul_grad(ctx, g):
     return unbroadcast(g * b, a.shape), unbroadcast(g * a, b.shape)
 
 
-@defop("Mul", shape=_binary, grad=_mul_grad)
+@defop("Mul", chain_operands=2, symbolic_value=_arithmetic(mul), shape=_binary, grad=_mul_grad)
 def mul(A, B):
     return np.multiply(A, B)
 
@@ -94,7 +113,7 @@ def _div_grad(ctx, g):
     return unbroadcast(ga, a.shape), unbroadcast(-ga * ctx.outputs[0], b.shape)
 
 
-@defop("Div", shape=_binary, grad=_div_grad)
+@defop("Div", chain_operands=2, symbolic_value=_arithmetic(floordiv), shape=_binary, grad=_div_grad)
 def div(A, B):
     """Integer division truncates toward zero, as in ONNX."""
     if A.dtype.kind in "iu":
@@ -125,12 +144,12 @@ def pow_(X, Y):
     return np.power(X, Y.astype(X.dtype) if X.dtype.kind == "f" else Y).astype(X.dtype, copy=False)
 
 
-@defop("Neg", shape=_unary, grad=lambda ctx, g: -g)
+@defop("Neg", chain_operands=1, shape=_unary, grad=lambda ctx, g: -g)
 def neg(X):
     return np.negative(X)
 
 
-@defop("Abs", shape=_unary, grad=lambda ctx, g: g * ctx.inputs[0].sign())
+@defop("Abs", chain_operands=1, shape=_unary, grad=lambda ctx, g: g * ctx.inputs[0].sign())
 def abs_(X):
     return np.abs(X)
 
@@ -147,7 +166,7 @@ def reciprocal(X):
 
 # math functions ------------------------------------------------------------------------------
 
-@defop("Exp", shape=_unary_float, grad=lambda ctx, g: g * ctx.outputs[0])
+@defop("Exp", chain_operands=1, shape=_unary_float, grad=lambda ctx, g: g * ctx.outputs[0])
 def exp(X):
     return np.exp(X)
 
@@ -157,17 +176,18 @@ def log(X):
     return np.log(X)
 
 
-@defop("Sqrt", shape=_unary_float, grad=lambda ctx, g: g / (ctx.outputs[0] * 2))
+@defop("Sqrt", chain_operands=1, shape=_unary_float, grad=lambda ctx, g: g / (ctx.outputs[0] * 2))
 def sqrt(X):
     return np.sqrt(X)
 
 
-@defop("Tanh", shape=_unary_float, grad=lambda ctx, g: g * (1 - ctx.outputs[0] * ctx.outputs[0]))
+@defop("Tanh", chain_operands=1, shape=_unary_float,
+       grad=lambda ctx, g: g * (1 - ctx.outputs[0] * ctx.outputs[0]))
 def tanh(X):
     return np.tanh(X)
 
 
-@defop("Erf", shape=_unary_float,
+@defop("Erf", chain_operands=1, shape=_unary_float,
        grad=lambda ctx, g: g * (ctx.inputs[0] * ctx.inputs[0] * -1).exp() * (2 / math.sqrt(math.pi)))
 def erf(X):
     return _special.erf(X)
@@ -175,7 +195,7 @@ def erf(X):
 
 # activations ---------------------------------------------------------------------------------
 
-@defop("Sigmoid", shape=_unary_float,
+@defop("Sigmoid", chain_operands=1, shape=_unary_float,
        grad=lambda ctx, g: g * ctx.outputs[0] * (1 - ctx.outputs[0]))
 def sigmoid(X):
     # exp of a non-positive number only: no overflow warnings for large |x|
@@ -189,7 +209,7 @@ def _relu_grad(ctx, g):
     return g * (y > 0).cast(y.dtype)
 
 
-@defop("Relu", shape=_unary, grad=_relu_grad)
+@defop("Relu", chain_operands=1, shape=_unary, grad=_relu_grad)
 def relu(X):
     return np.maximum(X, 0)
 
@@ -207,7 +227,7 @@ def _gelu_grad(ctx, g):
     return g * (cdf + x * pdf)
 
 
-@defop("Gelu", shape=_unary_float, grad=_gelu_grad)
+@defop("Gelu", onnx_opset=20, shape=_unary_float, grad=_gelu_grad)
 def gelu(X, *, approximate="none"):
     """ONNX Gelu (opset 20): ``approximate`` is "none" (erf) or "tanh"."""
     if approximate == "tanh":
@@ -244,7 +264,7 @@ def _clip_attributes(node: ImportNode) -> None:
                    "" if hi is None else node.const(hi, np.float32)]
 
 
-@defop("Clip", shape=_clip_shape, grad=_clip_grad)
+@defop("Clip", chain_operands=1, shape=_clip_shape, grad=_clip_grad)
 def clip(input, min=None, max=None):
     out = input
     if min is not None:
@@ -335,7 +355,7 @@ def _cast_to(node: ImportNode) -> None:
     node.attrs["to"] = node.dtype(node.attrs["to"])
 
 
-@defop("Cast", shape=_cast_shape, grad=_cast_grad)
+@defop("Cast", symbolic_value=first_value, shape=_cast_shape, grad=_cast_grad)
 def cast(input, *, to=DType.F32):
     """``to`` is a DType (its ONNX number when exported)."""
     return input.astype(DType.of(to).numpy)
@@ -352,7 +372,7 @@ def _dropout_ratio(node: ImportNode) -> None:
     node.attrs.pop("ratio", None)
 
 
-@defop("Dropout", shape=_dropout_shape, outputs=("output", "mask"))
+@defop("Dropout", foldable=False, shape=_dropout_shape, outputs=("output", "mask"))
 def dropout(data, ratio=None, training_mode=None, *, seed=None):
     """ONNX Dropout: the identity unless ``training_mode`` is true (graphs run inference; the
     training package applies dropout with its own Generator)."""
@@ -363,6 +383,6 @@ def dropout(data, ratio=None, training_mode=None, *, seed=None):
     return data.copy(), np.ones(data.shape, bool)
 
 
-@defop("Identity", shape=lambda specs: specs[0], grad=lambda ctx, g: g)
+@defop("Identity", symbolic_value=first_value, shape=lambda specs: specs[0], grad=lambda ctx, g: g)
 def identity(input):
     return input.copy()

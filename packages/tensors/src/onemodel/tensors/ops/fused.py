@@ -56,9 +56,11 @@ def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0
 
 # elementwise chains ------------------------------------------------------------------------------
 
-# op -> number of tensor operands; Clip's bounds travel as literals in the program
-CHAIN_OPS = {"Add": 2, "Sub": 2, "Mul": 2, "Div": 2, "Relu": 1, "Sigmoid": 1, "Tanh": 1,
-             "Erf": 1, "Exp": 1, "Neg": 1, "Abs": 1, "Sqrt": 1, "Clip": 1}
+def chain_operands(op: str) -> int | None:
+    """Tensor operands of ``op`` in an elementwise chain (``OpDef.chain_operands``), or None
+    when it cannot join one. Clip's bounds travel as literals in the program."""
+    opdef = OPS.get(op)
+    return None if opdef is None else opdef.chain_operands
 
 
 def parse_program(program, n_inputs: int) -> list[tuple[str, list[str], list[float]]]:
@@ -67,10 +69,12 @@ def parse_program(program, n_inputs: int) -> list[tuple[str, list[str], list[flo
     steps = []
     for k, text in enumerate(program):
         parts = str(text).split()
-        if not parts or parts[0] not in CHAIN_OPS:
+        arity = chain_operands(parts[0]) if parts else None
+        if arity is None:
+            chainable = sorted(n for n, o in OPS.items() if o.chain_operands is not None)
             raise ShapeError(f"FusedElementwise step {k} {text!r}: the op must be one of "
-                             f"{', '.join(CHAIN_OPS)}")
-        op, arity = parts[0], CHAIN_OPS[parts[0]]
+                             f"{', '.join(chainable)}")
+        op = parts[0]
         refs, lits = parts[1:1 + arity], parts[1 + arity:]
         if len(refs) != arity or len(lits) != (2 if op == "Clip" else 0):
             raise ShapeError(f"FusedElementwise step {k} {text!r}: {op} takes {arity} operand(s)"

@@ -102,7 +102,7 @@ def _ctc_grad(ctx, g):
     return grad, None, None, None
 
 
-@defop("CTCLoss", shape=_ctc_shape, grad=_ctc_grad, domain="onemodel")
+@defop("CTCLoss", traceable=False, shape=_ctc_shape, grad=_ctc_grad, domain="onemodel")
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, *, blank=0, zero_infinity=0):
     """Per-sample negative log likelihood of ``targets`` under CTC (PyTorch's ctc_loss with
     reduction='none'); ``log_probs`` is (T, N, C)."""
@@ -119,7 +119,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, *, blank=0, zero
     return out.astype(log_probs.dtype)
 
 
-@defop("CTCLossGrad", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
+@defop("CTCLossGrad", traceable=False, shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
        domain="onemodel")
 def ctc_loss_grad(log_probs, targets, input_lengths, target_lengths, nll, grad, *, blank=0,
                   zero_infinity=0):

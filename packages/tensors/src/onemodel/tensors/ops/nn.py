@@ -219,7 +219,7 @@ def _same_as(index):
     return rule
 
 
-@defop("ConvInputGrad", shape=_same_as(0), domain="onemodel")
+@defop("ConvInputGrad", traceable=False, shape=_same_as(0), domain="onemodel")
 def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                     pads=None, strides=None):
     """Gradient of Conv with respect to X (whose values are not read, only its shape)."""
@@ -242,7 +242,7 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
     return np.ascontiguousarray(dX)
 
 
-@defop("ConvWeightGrad", shape=_same_as(1), domain="onemodel")
+@defop("ConvWeightGrad", traceable=False, shape=_same_as(1), domain="onemodel")
 def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                      pads=None, strides=None):
     """Gradient of Conv with respect to W (whose values are not read, only its shape)."""
@@ -401,7 +401,7 @@ def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
     return out
 
 
-@defop("MaxPoolGrad", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
+@defop("MaxPoolGrad", traceable=False, shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
        domain="onemodel")
 def max_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(),
                   pads=None, storage_order=0, strides=None):
@@ -462,7 +462,8 @@ def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
     return (total / counts).astype(X.dtype, copy=False)
 
 
-@defop("AveragePoolGrad", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
+@defop("AveragePoolGrad", traceable=False,
+       shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
        domain="onemodel")
 def average_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0,
                       dilations=None, kernel_shape=(), pads=None, strides=None):

@@ -10,7 +10,15 @@ from ..errors import ShapeError
 from ..symbolic import Dim, DimExpr, add, dims_equal, floordiv, mul, numel
 from ._grad import call, ints, unbroadcast
 from .adapters import ImportNode, attribute_to_input, onnx_adapter
-from .base import TensorSpec, broadcast_shapes, const_ints, defop, norm_axis, same_dtype
+from .base import (
+    TensorSpec,
+    broadcast_shapes,
+    const_ints,
+    defop,
+    first_value,
+    norm_axis,
+    same_dtype,
+)
 
 # Reshape -------------------------------------------------------------------------------------
 
@@ -53,7 +61,7 @@ def _reshape_shape(specs, *, allowzero=0):
     return TensorSpec(reshape_target(x.shape, target, allowzero), x.dtype)
 
 
-@defop("Reshape", shape=_reshape_shape, static=("shape",),
+@defop("Reshape", symbolic_value=first_value, shape=_reshape_shape, static=("shape",),
        grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
 def reshape(data, shape, *, allowzero=0):
     target = shape.tolist()
@@ -127,7 +135,7 @@ def _axes_attribute(node: ImportNode) -> None:
     attribute_to_input(node, "axes", 1)
 
 
-@defop("Squeeze", shape=_squeeze_shape, static=("axes",),
+@defop("Squeeze", symbolic_value=first_value, shape=_squeeze_shape, static=("axes",),
        grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
 def squeeze(data, axes=None):
     if axes is None:
@@ -148,7 +156,7 @@ def _unsqueeze_shape(specs):
     return TensorSpec(tuple(out), x.dtype)
 
 
-@defop("Unsqueeze", shape=_unsqueeze_shape, static=("axes",),
+@defop("Unsqueeze", symbolic_value=first_value, shape=_unsqueeze_shape, static=("axes",),
        grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
 def unsqueeze(data, axes):
     nd = data.ndim + len(axes)
@@ -163,7 +171,7 @@ def _expand_shape(specs):
     return TensorSpec(broadcast_shapes(x.shape, target), x.dtype)
 
 
-@defop("Expand", shape=_expand_shape, static=("shape",),
+@defop("Expand", foldable=False, shape=_expand_shape, static=("shape",),
        grad=lambda ctx, g: (unbroadcast(g, ctx.inputs[0].shape), None))
 def expand(input, shape):
     out = np.broadcast_shapes(input.shape, tuple(int(s) for s in shape))
@@ -201,7 +209,11 @@ def _concat_grad(ctx, g):
     return call("Split", g, ints(sizes), axis=a) if len(sizes) > 1 else (g,)
 
 
-@defop("Concat", shape=_concat_shape, grad=_concat_grad)
+def _concat_value(in_specs, values, attrs):
+    return tuple(d for v in values if v is not None for d in v)
+
+
+@defop("Concat", symbolic_value=_concat_value, shape=_concat_shape, grad=_concat_grad)
 def concat(*inputs, axis=0):
     return np.concatenate(inputs, axis=axis)
 
@@ -350,7 +362,18 @@ def _slice_attributes(node: ImportNode) -> None:
     node.inputs = [node.inputs[0], *bounds]
 
 
-@defop("Slice", shape=_slice_shape, grad=_slice_grad,
+def _slice_value(in_specs, values, attrs):
+    """A 1-D value sliced by literal bounds (``Shape(x)[1:]``)."""
+    if len(in_specs[0].shape) != 1:
+        return None
+    data, starts, ends = list(values[0]), values[1], values[2]
+    steps = values[4] if len(values) > 4 and values[4] is not None else (1,)
+    if not all(isinstance(x, int) for x in (*starts, *ends, *steps)):
+        return None
+    return tuple(data[slice(starts[0], ends[0], steps[0])])
+
+
+@defop("Slice", symbolic_value=_slice_value, shape=_slice_shape, grad=_slice_grad,
        static=("starts", "ends", "axes", "steps"))
 def slice_(data, starts, ends, axes=None, steps=None):
     return data[_slice_index(data.shape, starts.tolist(), ends.tolist(),
@@ -363,7 +386,7 @@ def _slice_grad_shape(specs):
     return TensorSpec(tuple(shape), specs[0].dtype)
 
 
-@defop("SliceGrad", shape=_slice_grad_shape, domain="onemodel", static=("shape",))
+@defop("SliceGrad", traceable=False, shape=_slice_grad_shape, domain="onemodel", static=("shape",))
 def slice_grad(grad, shape, starts, ends, axes=None, steps=None):
     """The gradient of Slice: ``grad`` written into zeros of the input's ``shape``."""
     out = np.zeros(tuple(shape.tolist()), grad.dtype)
@@ -388,7 +411,15 @@ def _gather_grad(ctx, g):
     return call("GatherGrad", g, idx, ints(x.shape), axis=ctx.attrs["axis"]), None
 
 
-@defop("Gather", shape=_gather_shape, grad=_gather_grad)
+def _gather_value(in_specs, values, attrs):
+    """Elements of a 1-D value at literal indices (``Shape(x)[0]``)."""
+    if len(in_specs[0].shape) != 1:
+        return None
+    data, idx = values
+    return tuple(data[int(i) % len(data)] for i in idx if isinstance(i, int))
+
+
+@defop("Gather", symbolic_value=_gather_value, shape=_gather_shape, grad=_gather_grad)
 def gather(data, indices, *, axis=0):
     a = axis % data.ndim
     idx = np.where(indices < 0, indices + data.shape[a], indices)
@@ -399,7 +430,7 @@ def _gather_grad_shape(specs, *, axis=0):
     return TensorSpec(tuple(const_ints(specs[2], "GatherGrad shape")), specs[0].dtype)
 
 
-@defop("GatherGrad", shape=_gather_grad_shape, domain="onemodel", static=("shape",))
+@defop("GatherGrad", traceable=False, shape=_gather_grad_shape, domain="onemodel", static=("shape",))
 def gather_grad(grad, indices, shape, *, axis=0):
     """The gradient of Gather: ``grad`` summed into zeros of ``shape`` at ``indices``."""
     shape = tuple(shape.tolist())
@@ -449,7 +480,8 @@ def _pad_attributes(node: ImportNode) -> None:
                    node.const(value, np.float32)]
 
 
-@defop("Pad", shape=_pad_shape, grad=_pad_grad, static=("pads", "axes"))
+@defop("Pad", onnx_opset=lambda attrs: 19 if attrs.get("mode") == "wrap" else 18,
+       shape=_pad_shape, grad=_pad_grad, static=("pads", "axes"))
 def pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
     widths = _pad_widths(data.ndim, pads.tolist(), None if axes is None else axes.tolist())
     if any(b < 0 or e < 0 for b, e in widths):  # negative pads crop
@@ -468,7 +500,7 @@ def _pad_grad_shape(specs, *, mode="constant"):
     return TensorSpec(tuple(const_ints(specs[1], "PadGrad shape")), specs[0].dtype)
 
 
-@defop("PadGrad", shape=_pad_grad_shape, domain="onemodel", static=("shape",))
+@defop("PadGrad", traceable=False, shape=_pad_grad_shape, domain="onemodel", static=("shape",))
 def pad_grad(grad, shape, pads, axes=None, *, mode="constant"):
     """The gradient of Pad: every output element adds into the input element it was copied from."""
     shape = tuple(shape.tolist())
