@@ -16,15 +16,25 @@ from .loss_modules import (
 from .module import Module, Parameter, StateDictError
 from .optim import (
     SGD,
+    Adagrad,
     Adam,
     AdamW,
     CosineAnnealingLR,
+    ExponentialLR,
     LambdaLR,
+    LinearLR,
     LRScheduler,
+    MultiStepLR,
+    NAdam,
+    OneCycleLR,
     Optimizer,
+    RAdam,
+    ReduceLROnPlateau,
     RMSprop,
+    SequentialLR,
     StepLR,
     clip_grad_norm_,
+    clip_grad_value_,
 )
 from .scope import ActivationScope
 
@@ -34,4 +44,5 @@ __all__ = [*_layers, "SGD", "ActivationScope", "Adam", "AdamW", "BCEWithLogitsLo
            "CheckpointError", "CrossEntropyLoss", "L1Loss", "MSELoss", "NLLLoss", "SmoothL1Loss",
            "CosineAnnealingLR", "DataLoader", "LRScheduler", "LambdaLR", "Module", "Optimizer",
            "Parameter", "RMSprop", "StateDictError", "StepLR", "clip_grad_norm_", "init",
-           "losses"]
+           "losses", "Adagrad", "ExponentialLR", "LinearLR", "MultiStepLR", "NAdam", "OneCycleLR",
+           "RAdam", "ReduceLROnPlateau", "SequentialLR", "clip_grad_value_"]

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from onemodel.tensors import Tensor
+from onemodel.tensors import OneModelError, Tensor
 
 
 def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float,
@@ -27,3 +27,14 @@ def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float,
         for g in grads:
             g *= g.dtype.type(coef)
     return Tensor.from_numpy(np.asarray(total, grads[0].dtype))
+
+
+def clip_grad_value_(parameters: Iterable[Tensor] | Tensor, clip_value: float) -> None:
+    """Clamp every gradient element into ``[-clip_value, clip_value]`` in place."""
+    if clip_value < 0:
+        raise OneModelError(f"clip_grad_value_: clip_value must be >= 0, got {clip_value}")
+    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+    for p in params:
+        if p.grad is not None:
+            g = p.grad._data
+            np.clip(g, -clip_value, clip_value, out=g)

@@ -85,8 +85,28 @@ class Optimizer:
             groups.append(entry)
         return {"state": state, "param_groups": groups}
 
+    @staticmethod
+    def _state_value(name: str, v: Any) -> Any:
+        """A loaded state entry as this optimizer keeps it: arrays (numpy, torch, anything with
+        ``__array__``) as numpy copies, 0-d ones (torch keeps ``step`` and ``mu_product`` as
+        0-d tensors) as Python numbers so later arithmetic stays in float64."""
+        if isinstance(v, (bool, int, float, str)) or v is None:
+            return v
+        if not hasattr(v, "__array__"):
+            return copy.deepcopy(v)
+        a = np.asarray(v).copy()
+        if a.ndim:
+            return a
+        x = a.item()
+        if name == "step" and isinstance(x, float) and x.is_integer():
+            return int(x)
+        return x
+
     def _check_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Raise unless ``state_dict`` fits this optimizer's groups and parameters."""
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
+            raise OneModelError("an optimizer state dict has the keys 'state' and "
+                                "'param_groups' (as Optimizer.state_dict() writes it)")
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
             len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)
@@ -98,27 +118,30 @@ class Optimizer:
                 raise OneModelError(f"optimizer state names parameter {i}, which does not exist")
             p = params[int(i)]
             for name, v in s.items():
-                if isinstance(v, np.ndarray) and v.ndim and v.shape != p.numpy().shape:
+                shape = tuple(getattr(v, "shape", ()))
+                if hasattr(v, "__array__") and shape and shape != tuple(p.numpy().shape):
                     raise OneModelError(
-                        f"optimizer state {name!r} of parameter {i} has shape {list(v.shape)}, "
+                        f"optimizer state {name!r} of parameter {i} has shape {list(shape)}, "
                         f"the parameter has {list(p.shape)}"
                     )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load ``state_dict()`` output, or PyTorch's (its tensors converted or not): indices
+        name parameters in group order, as in torch."""
         self._check_state_dict(state_dict)
         groups = state_dict["param_groups"]
         params = self._params()
         for saved, group in zip(groups, self.param_groups):
             for k, v in saved.items():
                 if k != "params":
-                    group[k] = copy.deepcopy(v)
+                    group[k] = tuple(v) if k == "betas" else copy.deepcopy(v)
         self.state = {}
         for i, s in state_dict["state"].items():
             p = params[int(i)]
-            self.state[id(p)] = {
-                name: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
-                for name, v in s.items()
-            }
+            self.state[id(p)] = {name: self._state_value(name, v) for name, v in s.items()}
+            for name, v in self.state[id(p)].items():
+                if isinstance(v, np.ndarray) and v.dtype != p._data.dtype:
+                    self.state[id(p)][name] = v.astype(p._data.dtype)
 
     def __repr__(self) -> str:
         hp = ", ".join(f"{k}={v}" for k, v in self.defaults.items())
