@@ -8,7 +8,7 @@ import numpy as np
 
 from ..dtype import FLOATING, NUMERIC, DType
 from ..errors import DTypeError
-from ..symbolic import add, floordiv, mul
+from .. import symbolic as sym
 from . import _special
 from ._grad import unbroadcast
 from .adapters import ImportNode, onnx_adapter
@@ -67,7 +67,7 @@ def _add_grad(ctx, g):
     return unbroadcast(g, a.shape), unbroadcast(g, b.shape)
 
 
-@defop("Add", chain_operands=2, symbolic_value=_arithmetic(add), shape=_binary, grad=_add_grad)
+@defop("Add", chain_operands=2, symbolic_value=_arithmetic(sym.add), shape=_binary, grad=_add_grad)
 def add(A, B):
     return np.add(A, B)
 
@@ -92,7 +92,7 @@ def _sub_grad(ctx, g):
 
 
 @defop("Sub", chain_operands=2,
-       symbolic_value=_arithmetic(lambda x, y: add(x, mul(y, -1))), shape=_binary, grad=_sub_grad)
+       symbolic_value=_arithmetic(lambda x, y: sym.add(x, sym.mul(y, -1))), shape=_binary, grad=_sub_grad)
 def sub(A, B):
     return np.subtract(A, B)
 
@@ -102,7 +102,7 @@ def _mul_grad(ctx, g):
     return unbroadcast(g * b, a.shape), unbroadcast(g * a, b.shape)
 
 
-@defop("Mul", chain_operands=2, symbolic_value=_arithmetic(mul), shape=_binary, grad=_mul_grad)
+@defop("Mul", chain_operands=2, symbolic_value=_arithmetic(sym.mul), shape=_binary, grad=_mul_grad)
 def mul(A, B):
     return np.multiply(A, B)
 
@@ -113,7 +113,7 @@ def _div_grad(ctx, g):
     return unbroadcast(ga, a.shape), unbroadcast(-ga * ctx.outputs[0], b.shape)
 
 
-@defop("Div", chain_operands=2, symbolic_value=_arithmetic(floordiv), shape=_binary, grad=_div_grad)
+@defop("Div", chain_operands=2, symbolic_value=_arithmetic(sym.floordiv), shape=_binary, grad=_div_grad)
 def div(A, B):
     """Integer division truncates toward zero, as in ONNX."""
     if A.dtype.kind in "iu":
