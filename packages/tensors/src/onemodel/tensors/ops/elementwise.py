@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
+from .. import symbolic as sym
 from ..dtype import FLOATING, NUMERIC, DType
 from ..errors import DTypeError
-from .. import symbolic as sym
 from . import _special
 from ._grad import unbroadcast
 from .adapters import ImportNode, onnx_adapter
