@@ -15,6 +15,7 @@ from .autograd import is_grad_enabled
 from .dtype import DType
 from .errors import OneModelError, ShapeError
 from .generator import Generator, default_generator
+from .resampling import interpolate, upsample, upsample_bilinear, upsample_nearest  # noqa: F401
 from .tensor import Tensor, _call, _const, concat, where
 from .torch_names import accept_torch_names
 
