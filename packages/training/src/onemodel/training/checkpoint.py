@@ -110,6 +110,35 @@ class Checkpoint:
         return meta
 
 
+    @staticmethod
+    def save_weights(path: str | os.PathLike, model: Module,
+                     metadata: dict[str, str] | None = None) -> None:
+        """Write the model's state dict as a plain safetensors file under PyTorch's names (no
+        prefix), the layout ``safetensors.torch.load_file`` reads and
+        ``torch_model.load_state_dict`` takes when both models name their layers alike."""
+        tensors = {name: _contiguous(t.numpy()) for name, t in model.state_dict().items()}
+        meta = {"format": "pt", **(metadata or {})}
+        if meta["format"] == FORMAT:
+            raise CheckpointError("save_weights writes plain weights; use Checkpoint.save for a "
+                                  "OneModel checkpoint")
+        write_safetensors(path, tensors, meta)
+
+    @staticmethod
+    def load_weights(path: str | os.PathLike, model: Module, strict: bool = True):
+        """Load a safetensors file of weights (PyTorch's ``save_file``, ``save_weights`` or the
+        model part of a OneModel checkpoint) into ``model``; returns (missing, unexpected)."""
+        return model.load_state_dict(read_weights(path), strict=strict)
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The state dict in a safetensors file: every tensor by name, or a OneModel checkpoint's
+    ``model/`` part without the prefix."""
+    tensors, meta = read_safetensors(path)
+    if meta.get("format") == FORMAT:
+        return {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    return tensors
+
+
 def _optimizer_state(tensors, meta, path) -> dict:
     """The optimizer's state_dict from the file, every field checked for its type first."""
     def bad(what: str) -> CheckpointError:
@@ -338,4 +367,4 @@ def _verify(header: dict, meta: dict, body: memoryview, path) -> None:
                               f"{stored}, its contents give crc32:{crc:08x})")
 
 
-__all__ = ["Checkpoint", "CheckpointError"]
+__all__ = ["Checkpoint", "CheckpointError", "read_weights"]

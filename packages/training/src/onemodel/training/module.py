@@ -3,6 +3,7 @@ PyTorch, with ``state_dict`` names PyTorch would give the same structure."""
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -205,11 +206,17 @@ class Module:
                     out[dot + name] = b
         return out
 
-    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True):
-        """Copy values (Tensors or numpy arrays) into the parameters and buffers, in place.
+    def load_state_dict(self, state: Mapping[str, Any] | str | os.PathLike, strict: bool = True):
+        """Copy values (Tensors, numpy arrays, torch tensors) into the parameters and buffers, in
+        place; or read them from a safetensors file (``safetensors.torch.save_file`` output,
+        ``Checkpoint.save_weights``, or a OneModel checkpoint's model part).
 
         Raises :class:`StateDictError` listing missing, unexpected and mis-shaped keys; nothing
         is copied unless every key fits. Returns (missing, unexpected) keys."""
+        if isinstance(state, (str, os.PathLike)):
+            from .checkpoint import read_weights
+
+            state = read_weights(state)
         plan = self._fit_state_dict(state, strict)
         for target, arr in plan:
             target._data[...] = arr
@@ -226,6 +233,8 @@ class Module:
             if k not in state:
                 continue
             v = state[k]
+            if not isinstance(v, (Tensor, np.ndarray)) and hasattr(v, "detach"):
+                v = v.detach()  # a torch parameter: numpy refuses one that requires grad
             arr = v.numpy() if isinstance(v, Tensor) else np.asarray(v)
             if tuple(arr.shape) != tuple(target.shape):
                 wrong.append(f"{k}: expected {list(target.shape)}, got {list(arr.shape)}")
