@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onemodel.tensors.ops import OPS
+from onemodel.tensors.ops.adapters import ONNX_ADAPTERS
 
 
 @dataclass
@@ -35,9 +36,10 @@ def ops_of(model) -> set[str]:
 
 def supported(model) -> bool:
     """Every op of the case is in OneModel's op set (Constant is folded on import,
-    ConstantOfShape folded or converted to Expand)."""
-    return all(op in ("Constant", "ConstantOfShape") or (op in OPS and not OPS[op].domain)
-               for op in ops_of(model))
+    ConstantOfShape folded or converted to Expand, a legacy op such as Upsample adapted to its
+    successor on import)."""
+    return all(op in ("Constant", "ConstantOfShape") or op in ONNX_ADAPTERS
+               or (op in OPS and not OPS[op].domain) for op in ops_of(model))
 
 
 def run_case(case, run) -> Outcome:
