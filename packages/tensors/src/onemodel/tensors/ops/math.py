@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtype import FLOATING, INTEGER, NUMERIC, DType
-from ..errors import DTypeError
+from ..errors import DTypeError, ShapeError
+from ._grad import call
 from .base import TensorSpec, broadcast_shapes, defop, same_dtype
 
 
@@ -217,3 +218,99 @@ def _cast_like_shape(specs, *, saturate=1):
 def cast_like(input, target_type, *, saturate=1):
     """Cast ``input`` to the element type of ``target_type``."""
     return input.astype(target_type.dtype)
+
+
+# CumProd, Det -------------------------------------------------------------------------------
+
+def _cum_axis(x: np.ndarray, axis) -> int:
+    a = np.asarray(axis)
+    if a.size != 1 or a.dtype.kind not in "iu":
+        raise ShapeError(f"the axis of a cumulative op must be one integer, got {a.dtype}"
+                         f"{list(a.shape)}")
+    a = int(a.reshape(-1)[0])
+    if not -x.ndim <= a < x.ndim:
+        raise ShapeError(f"axis {a} is out of range for rank {x.ndim}")
+    return a % x.ndim
+
+
+def _exclusive_shift(y: np.ndarray, a: int, fill) -> np.ndarray:
+    """``y`` moved one step along axis ``a``, ``fill`` entering at the start."""
+    out = np.empty_like(y)
+    head = [slice(None)] * y.ndim
+    head[a] = slice(0, 1)
+    body, src = list(head), list(head)
+    body[a], src[a] = slice(1, None), slice(0, -1)
+    out[tuple(head)] = fill
+    out[tuple(body)] = y[tuple(src)]
+    return out
+
+
+def _cum_shape(specs, *, exclusive=0, reverse=0):
+    x, axis = specs
+    same_dtype(specs[:1], NUMERIC)
+    if axis.dtype not in (DType.I32, DType.I64) or len(axis.shape) > 1:
+        raise DTypeError(f"axis must be an I32 or I64 scalar, got {axis}")
+    return TensorSpec(x.shape, x.dtype)
+
+
+def _cum_prod_grad(ctx, g):
+    x, axis = ctx.inputs
+    return call("CumProdGrad", x, axis, g, **ctx.attrs), None
+
+
+@defop("CumProd", shape=_cum_shape, grad=_cum_prod_grad)
+def cum_prod(x, axis, *, exclusive=0, reverse=0):
+    """ONNX CumProd (opset 26): running products along ``axis``; ``exclusive`` leaves each
+    element out of its own product, ``reverse`` runs from the end."""
+    a = _cum_axis(x, axis)
+    y = np.flip(x, a) if reverse else x
+    out = np.cumprod(y, axis=a, dtype=x.dtype)
+    if exclusive and x.shape[a]:
+        out = _exclusive_shift(out, a, 1)
+    return np.flip(out, a) if reverse else out
+
+
+@defop("CumProdGrad", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
+       domain="onemodel")
+def cum_prod_grad(x, axis, dY, *, exclusive=0, reverse=0):
+    """Gradient of CumProd without dividing by ``x`` (exact where it holds zeros): with
+    e = the exclusive products, dx_i = e_i * R_i, where R_i = h_i + x_{i+1} R_{i+1} and h is dY
+    (inclusive) or dY shifted one step back (exclusive)."""
+    a = _cum_axis(x, axis)
+    xs, gs = (np.flip(x, a), np.flip(dY, a)) if reverse else (x, dY)
+    xs, gs = np.moveaxis(xs, a, 0), np.moveaxis(gs, a, 0)
+    n = xs.shape[0]
+    if n == 0:
+        return np.zeros_like(x)
+    before = _exclusive_shift(np.cumprod(xs, axis=0, dtype=x.dtype), 0, 1)
+    h = np.zeros_like(gs)
+    if exclusive:
+        h[:-1] = gs[1:]
+    else:
+        h[:] = gs
+    r = np.empty_like(gs)
+    r[-1] = h[-1]
+    for i in range(n - 2, -1, -1):
+        r[i] = h[i] + xs[i + 1] * r[i + 1]
+    out = np.moveaxis(before * r, 0, a)
+    return np.ascontiguousarray(np.flip(out, a) if reverse else out)
+
+
+def _det_shape(specs):
+    x = specs[0]
+    same_dtype(specs, FLOATING)
+    if len(x.shape) < 2:
+        raise ShapeError(f"Det needs square matrices [..., M, M], got rank {len(x.shape)}")
+    m, n = x.shape[-2:]
+    if isinstance(m, int) and isinstance(n, int) and m != n:
+        raise ShapeError(f"Det needs square matrices, the last two axes are {m} and {n}")
+    return TensorSpec(tuple(x.shape[:-2]), x.dtype)
+
+
+@defop("Det", shape=_det_shape)
+def det(X):
+    """ONNX Det: the determinant of each square matrix in the last two axes."""
+    if X.shape[-1] != X.shape[-2]:
+        raise ShapeError(f"Det needs square matrices, got the last two axes {X.shape[-2:]}")
+    work = X.astype(np.float64) if X.dtype == np.float16 else X
+    return np.asarray(np.linalg.det(work), dtype=X.dtype)

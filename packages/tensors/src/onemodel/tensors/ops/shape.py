@@ -546,3 +546,52 @@ def one_hot(indices, depth, values, *, axis=-1):
     out = np.where(hot, values[1], values[0]).astype(values.dtype)
     nd = indices.ndim + 1
     return np.moveaxis(out, -1, axis % nd)
+
+
+# Size, Tile, EyeLike, ReverseSequence --------------------------------------------------------
+
+def _size_shape(specs):
+    # the element count is known from the shape alone, symbolic or not, as Shape's value is
+    return TensorSpec((), DType.I64, (numel(specs[0].shape),))
+
+
+@defop("Size", shape=_size_shape)
+def size(data):
+    """ONNX Size: the number of elements of ``data`` as an int64 scalar."""
+    return np.asarray(data.size, dtype=np.int64)
+
+
+def _tile_shape(specs):
+    x, reps = specs
+    if reps.dtype is not DType.I64:
+        raise ShapeError(f"Tile repeats must be I64, got {reps.dtype.name}")
+    repeats = const_ints(reps, "Tile repeats")
+    if len(repeats) != len(x.shape):
+        raise ShapeError(f"Tile repeats {list(repeats)} must have one entry per axis of the "
+                         f"rank-{len(x.shape)} input")
+    if any(isinstance(r, int) and r < 0 for r in repeats):
+        raise ShapeError(f"Tile repeats {list(repeats)} must be non-negative")
+    out = tuple(mul(d, r) for d, r in zip(x.shape, repeats))
+    value = None
+    if x.value is not None and len(x.shape) == 1 and isinstance(repeats[0], int):
+        value = tuple(x.value) * repeats[0]  # a shape tensor repeated: its value stays known
+    return TensorSpec(out, x.dtype, value)
+
+
+def _tile_grad(ctx, g):
+    x, repeats = ctx.inputs
+    reps = [int(r) for r in repeats.numpy().reshape(-1)]
+    # (r0, d0, r1, d1, ...) -> sum over the repeat axes
+    split = [v for r, d in zip(reps, x.shape) for v in (r, d)]
+    return call("ReduceSum", g.reshape(*split), ints(list(range(0, 2 * x.ndim, 2))),
+                keepdims=0), None
+
+
+@defop("Tile", shape=_tile_shape, grad=_tile_grad, static=("repeats",))
+def tile(input, repeats):
+    """ONNX Tile: ``input`` repeated ``repeats[i]`` times along axis i."""
+    reps = [int(r) for r in np.asarray(repeats).reshape(-1)]
+    if len(reps) != input.ndim or any(r < 0 for r in reps):
+        raise ShapeError(f"Tile repeats {reps} must be one non-negative entry per axis of the "
+                         f"rank-{input.ndim} input")
+    return np.tile(input, reps)
