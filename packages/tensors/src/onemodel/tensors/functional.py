@@ -71,6 +71,55 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
                  dilations=_tuple(dilation, 2))
 
 
+def conv_transpose1d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+                     dilation=1) -> Tensor:
+    """Weight shaped (in, out / groups, kL), as in PyTorch."""
+    p = _tuple(padding, 1)
+    return _call("ConvTranspose", x, weight, bias, strides=_tuple(stride, 1), pads=p + p,
+                 output_padding=_tuple(output_padding, 1), group=int(groups),
+                 dilations=_tuple(dilation, 1))
+
+
+def max_pool1d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False) -> Tensor:
+    p = _tuple(padding, 1)
+    return _call("MaxPool", x, kernel_shape=_tuple(kernel_size, 1),
+                 strides=_tuple(stride or kernel_size, 1), pads=p + p,
+                 dilations=_tuple(dilation, 1), ceil_mode=int(ceil_mode))
+
+
+def avg_pool1d(x, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True) -> Tensor:
+    p = _tuple(padding, 1)
+    return _call("AveragePool", x, kernel_shape=_tuple(kernel_size, 1),
+                 strides=_tuple(stride or kernel_size, 1), pads=p + p, ceil_mode=int(ceil_mode),
+                 count_include_pad=int(count_include_pad))
+
+
+def adaptive_avg_pool1d(x: Tensor, output_size) -> Tensor:
+    """PyTorch's adaptive average pooling over the last axis: window i spans
+    [floor(i*L/o), ceil((i+1)*L/o))."""
+    if x.ndim not in (2, 3):
+        raise ShapeError(f"adaptive_avg_pool1d takes (N, C, L) or (C, L), got shape "
+                         f"{list(x.shape)}")
+    if x.ndim == 2:
+        return adaptive_avg_pool1d(x.unsqueeze(0), output_size).squeeze(0)
+    length = x.shape[-1]
+    (o,) = _tuple(output_size, 1)
+    if not isinstance(length, (int, np.integer)):
+        if o == 1:
+            return x.mean(axis=-1, keepdims=True)
+        raise ShapeError("adaptive_avg_pool1d over a symbolic length: only output_size=1 keeps "
+                         "its windows independent of the length; trace with a fixed length")
+    if o == 1:
+        return x.mean(axis=-1, keepdims=True)
+    if length % o == 0:
+        k = length // o
+        return _call("AveragePool", x, kernel_shape=(k,), strides=(k,))
+    parts = [x[..., (i * length) // o : -((-(i + 1) * length) // o)].mean(axis=-1, keepdims=True)
+             for i in range(o)]
+    return concat(parts, axis=-1)
+
+
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False) -> Tensor:
     k = _tuple(kernel_size, 2)
     p = _tuple(padding, 2)
@@ -89,7 +138,14 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False,
 def adaptive_avg_pool2d(x: Tensor, output_size) -> Tensor:
     """PyTorch's adaptive average pooling: window i spans [floor(i*H/o), ceil((i+1)*H/o))."""
     h, w = x.shape[-2:]
-    oh, ow = _tuple(output_size, 2) if output_size is not None else (h, w)
+    if output_size is None:
+        output_size = (h, w)
+    elif not isinstance(output_size, (tuple, list)):
+        output_size = (output_size, output_size)
+    if len(output_size) != 2:
+        raise ShapeError(f"adaptive_avg_pool2d: output_size has 2 values, got {output_size}")
+    # None keeps that axis' size, as in PyTorch
+    oh, ow = (int(d if o is None else o) for o, d in zip(output_size, (h, w)))
     if (oh, ow) == (1, 1):
         return _call("GlobalAveragePool", x)
     if h % oh == 0 and w % ow == 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onemodel.tensors import Generator, Tensor
+from onemodel.tensors import Generator, OneModelError, Tensor
 from onemodel.tensors import functional as F
 
 from .. import init
@@ -154,6 +154,11 @@ class Embedding(Module):
                  *, generator: Generator | None = None):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise OneModelError(f"Embedding: padding_idx {padding_idx} is outside the "
+                                    f"{num_embeddings} embeddings")
+            padding_idx %= num_embeddings  # PyTorch keeps it non-negative
         self.padding_idx = padding_idx
         self.weight = init.normal((num_embeddings, embedding_dim), generator)
         if padding_idx is not None:

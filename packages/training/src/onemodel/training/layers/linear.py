@@ -33,6 +33,12 @@ class Linear(Module):
 
 
 class Identity(Module):
+    """Returns its input; takes and ignores any arguments, as torch's does (a placeholder that
+    keeps a constructor call unchanged)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
     def forward(self, x: Tensor) -> Tensor:
         return x
 
