@@ -31,10 +31,12 @@ from .pooling import (
     MaxPool1d,
     MaxPool2d,
 )
+from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 
 __all__ = ["ELU", "GELU", "Hardsigmoid", "Hardswish", "LeakyReLU", "LogSoftmax", "Mish", "PReLU",
            "SiLU", "Softplus", "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d",
            "Conv2d", "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GroupNorm",
            "Identity", "LayerNorm", "Linear", "MaxPool2d", "ModuleList", "MultiheadAttention",
            "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "TransformerEncoderLayer",
-           "AdaptiveAvgPool1d", "AvgPool1d", "ConvTranspose1d", "MaxPool1d"]
+           "AdaptiveAvgPool1d", "AvgPool1d", "ConvTranspose1d", "MaxPool1d",
+           "GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNCell"]
