@@ -402,3 +402,284 @@ def resize_grad(X, dY, roi=None, scales=None, sizes=None, *, antialias=0, axes=N
         g = _apply(g, a, w.T.astype(dY.dtype))
     return np.ascontiguousarray(g, dY.dtype).reshape(X.shape)
 
+
+
+# GridSample ------------------------------------------------------------------------------------
+
+def _grid_sample_shape(specs, *, align_corners=0, mode="linear", padding_mode="zeros"):
+    x, grid = specs
+    dt = same_dtype(specs, FLOATING)
+    mode, padding_mode = _text(mode), _text(padding_mode)
+    if mode not in ("linear", "nearest", "cubic"):
+        raise ShapeError(f"mode {mode!r} is not one of linear, nearest, cubic")
+    if padding_mode not in ("zeros", "border", "reflection"):
+        raise ShapeError(f"padding_mode {padding_mode!r} is not one of zeros, border, reflection")
+    nd = len(x.shape) - 2
+    if nd < 1 or len(grid.shape) != nd + 2:
+        raise ShapeError(f"X {format_shape(x.shape)} (N, C, *spatial) needs a grid of rank "
+                         f"{nd + 2} (N, *out, {nd}), got {format_shape(grid.shape)}")
+    if isinstance(grid.shape[-1], int) and grid.shape[-1] != nd:
+        raise ShapeError(f"the grid's last axis holds {grid.shape[-1]} coordinates for {nd} "
+                         "spatial axes")
+    if mode == "cubic" and nd != 2:
+        raise ShapeError("mode cubic samples 2-D images (N, C, H, W) only")
+    if isinstance(x.shape[0], int) and isinstance(grid.shape[0], int) and \
+            x.shape[0] != grid.shape[0]:
+        raise ShapeError(f"X has batch {x.shape[0]} but the grid has {grid.shape[0]}")
+    return TensorSpec((x.shape[0], x.shape[1], *grid.shape[1:-1]), dt)
+
+
+def _reflect(x, lo, hi):
+    """Reflect coordinates by the near border until they lie in [lo, hi] (ONNX's rule)."""
+    span = hi - lo
+    if span <= 0:
+        return np.full_like(x, lo)
+    below, above = x < lo, x > hi
+    dx = np.where(below, lo - x, np.where(above, x - hi, 0.0))
+    n = np.floor(dx / span)
+    r = dx - n * span
+    even = n % 2 == 0
+    low_side = np.where(even, lo + r, hi - r)
+    high_side = np.where(even, hi - r, lo + r)
+    return np.where(below, low_side, np.where(above, high_side, x))
+
+
+def _gs_taps(x, size, mode, padding_mode, align_corners):
+    """(indices (P, T), weights (P, T)) along one axis for normalized coordinates ``x`` (P,)."""
+    if align_corners:
+        pos = (x + 1) / 2 * (size - 1)
+        lo, hi = 0.0, size - 1.0
+    else:
+        pos = ((x + 1) * size - 1) / 2
+        lo, hi = -0.5, size - 0.5
+    if mode == "nearest":
+        pos = np.rint(pos)
+    outside = (pos < lo) | (pos > hi)
+    if padding_mode == "border":
+        pos = np.where(outside, np.clip(pos, 0, size - 1), pos)
+    elif padding_mode == "reflection":
+        pos = np.where(outside, _reflect(pos, lo, hi), pos)
+    if mode == "nearest":
+        idx = np.trunc(pos).astype(np.int64)[:, None]
+        w = np.ones(idx.shape)
+    else:
+        base = np.floor(pos)
+        t = pos - base
+        base = base.astype(np.int64)
+        if mode == "linear":
+            idx = base[:, None] + np.array([0, 1])[None, :]
+            w = np.stack([1 - t, t], axis=1)
+        else:
+            idx = base[:, None] + np.array([-1, 0, 1, 2])[None, :]
+            w = _cubic(np.array([-1, 0, 1, 2])[None, :] - t[:, None], -0.75)
+    if padding_mode == "zeros":
+        w = np.where((idx < 0) | (idx >= size), 0.0, w)
+    elif padding_mode == "reflection":
+        idx = np.trunc(_reflect(idx.astype(np.float64), lo, hi)).astype(np.int64)
+    return np.clip(idx, 0, max(size - 1, 0)), w
+
+
+@defop("GridSample", shape=_grid_sample_shape)
+def grid_sample(X, grid, *, align_corners=0, mode="linear", padding_mode="zeros"):
+    """ONNX GridSample (opset 20): sample X at the grid's normalized coordinates (x, y[, z]
+    in [-1, 1]) with nearest, linear or cubic interpolation and zeros, border or reflection
+    padding."""
+    mode, padding_mode = _text(mode), _text(padding_mode)
+    n, c = X.shape[:2]
+    spatial = X.shape[2:]
+    nd = len(spatial)
+    out_sp = grid.shape[1:-1]
+    p = math.prod(out_sp)
+    if n * c * p == 0:
+        return np.zeros((n, c, *out_sp), X.dtype)
+    coords = grid.reshape(n, p, nd).astype(np.float64)
+    flat = X.reshape(n, c, -1)
+    strides = [math.prod(spatial[i + 1:]) for i in range(nd)]
+    out = np.zeros((n, p, c))
+    batch = np.arange(n)[:, None]
+    taps = []
+    for i in range(nd):  # spatial axis i reads grid coordinate nd - 1 - i (x is the last axis)
+        idx, w = _gs_taps(coords[..., nd - 1 - i].reshape(-1), spatial[i], mode, padding_mode,
+                          align_corners)
+        taps.append((idx.reshape(n, p, -1), w.reshape(n, p, -1)))
+    for combo in np.ndindex(*(t[0].shape[-1] for t in taps)):
+        offset = np.zeros((n, p), np.int64)
+        weight = np.ones((n, p))
+        for i, k in enumerate(combo):
+            offset += taps[i][0][..., k] * strides[i]
+            weight *= taps[i][1][..., k]
+        out += flat.transpose(0, 2, 1)[batch, offset] * weight[..., None]
+    return np.ascontiguousarray(out.transpose(0, 2, 1)).reshape(n, c, *out_sp).astype(X.dtype)
+
+
+@onnx_adapter("GridSample", before=20)
+def _grid_sample_16(node: ImportNode) -> None:
+    """GridSample-16 named its modes bilinear and bicubic."""
+    mode = _text(node.attrs.get("mode", "bilinear"))
+    node.attrs["mode"] = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+
+
+# AffineGrid ------------------------------------------------------------------------------------
+
+def _affine_grid_shape(specs, *, align_corners=0):
+    theta, size = specs
+    dt = same_dtype(specs[:1], FLOATING)
+    sizes = tuple(size.value) if size.value is not None else None
+    if sizes is None:
+        raise UnknownValueError("size must be known when the graph is planned (a constant or "
+                                "computed from shapes)")
+    nd = len(sizes) - 2
+    if nd not in (2, 3):
+        raise ShapeError(f"size {list(sizes)} must be (N, C, H, W) or (N, C, D, H, W)")
+    if len(theta.shape) != 3 or (isinstance(theta.shape[1], int) and theta.shape[1] != nd) or \
+            (isinstance(theta.shape[2], int) and theta.shape[2] != nd + 1):
+        raise ShapeError(f"theta must be (N, {nd}, {nd + 1}) for size {list(sizes)}, got "
+                         f"{format_shape(theta.shape)}")
+    return TensorSpec((theta.shape[0], *sizes[2:], nd), dt)
+
+
+def _affine_base(spatial, align_corners):
+    """Homogeneous base grid (P, nd + 1): (x, y[, z], 1) per output position."""
+    axes = []
+    for n in spatial:
+        if align_corners:
+            a = np.linspace(-1.0, 1.0, n) if n > 1 else np.array([-1.0] * n)
+        else:
+            a = (np.arange(n) * 2 + 1) / n - 1
+        axes.append(a)
+    mesh = np.meshgrid(*axes, indexing="ij")
+    cols = [m.reshape(-1) for m in reversed(mesh)]  # x (the last axis) first
+    return np.stack([*cols, np.ones(math.prod(spatial))], axis=1)
+
+
+def _affine_grid_grad(ctx, g):
+    _theta, size = ctx.inputs
+    sizes = [int(v) for v in size.numpy().reshape(-1)]
+    nd = len(sizes) - 2
+    base = _affine_base(sizes[2:], ctx.attrs["align_corners"]).astype(g.numpy().dtype)
+    n = sizes[0]
+    gt = g.reshape(n, math.prod(sizes[2:]), nd).transpose(0, 2, 1)  # (N, nd, P)
+    return gt @ _wrap(base), None
+
+
+def _wrap(arr):
+    from ._grad import _tensor
+
+    return _tensor()._wrap(arr)
+
+
+@defop("AffineGrid", shape=_affine_grid_shape, grad=_affine_grid_grad, static=("size",))
+def affine_grid(theta, size, *, align_corners=0):
+    """ONNX AffineGrid (opset 20): the sampling grid (N, *spatial, nd) that the affine
+    matrices theta (N, nd, nd + 1) make of a normalized base grid."""
+    sizes = [int(v) for v in np.asarray(size).reshape(-1)]
+    base = _affine_base(sizes[2:], align_corners).astype(theta.dtype)
+    nd = len(sizes) - 2
+    grid = base @ np.swapaxes(theta, 1, 2)  # (N, P, nd)
+    return np.ascontiguousarray(grid.reshape(theta.shape[0], *sizes[2:], nd))
+
+
+# CenterCropPad ---------------------------------------------------------------------------------
+
+def _ccp_shape(specs, *, axes=None):
+    x, shape = specs
+    if shape.value is None:
+        raise UnknownValueError("shape must be known when the graph is planned (a constant or "
+                                "computed from shapes)")
+    ax = _axes(axes, len(x.shape))
+    target = tuple(shape.value)
+    if len(target) != len(ax):
+        raise ShapeError(f"shape has {len(target)} values for {len(ax)} axes")
+    out = list(x.shape)
+    for a, n in zip(ax, target):
+        if isinstance(n, int) and n < 0:
+            raise ShapeError(f"shape {list(target)} has a negative size")
+        out[a] = n
+    return TensorSpec(tuple(out), x.dtype)
+
+
+def _ccp_grad(ctx, g):
+    x = ctx.inputs[0]
+    ax = _axes(ctx.attrs["axes"], x.ndim)
+    back = np.asarray([x.shape[a] for a in ax], np.int64)
+    return call("CenterCropPad", g, _wrap(back), axes=tuple(ax)), None
+
+
+@defop("CenterCropPad", shape=_ccp_shape, grad=_ccp_grad, static=("shape",))
+def center_crop_pad(input_data, shape, *, axes=None):
+    """ONNX CenterCropPad (opset 18): crop or zero-pad each listed axis to its new size around
+    the centre (an odd difference puts the extra element at the end)."""
+    ax = _axes(axes, input_data.ndim)
+    target = [int(v) for v in np.asarray(shape).reshape(-1)]
+    out = list(input_data.shape)
+    src = [slice(None)] * input_data.ndim
+    dst = [slice(None)] * input_data.ndim
+    for a, n in zip(ax, target):
+        d = input_data.shape[a]
+        out[a] = n
+        if n < d:
+            start = (d - n) // 2
+            src[a] = slice(start, start + n)
+        elif n > d:
+            start = (n - d) // 2
+            dst[a] = slice(start, start + d)
+    res = np.zeros(out, input_data.dtype)
+    res[tuple(dst)] = input_data[tuple(src)]
+    return res
+
+
+# Col2Im ----------------------------------------------------------------------------------------
+
+def _col2im_geometry(image, block, dilations, pads, strides):
+    nd = len(image)
+    d = tuple(dilations) if dilations else (1,) * nd
+    p = tuple(pads) if pads else (0,) * (2 * nd)
+    s = tuple(strides) if strides else (1,) * nd
+    blocks = []
+    for i in range(nd):
+        n = (image[i] + p[i] + p[i + nd] - d[i] * (block[i] - 1) - 1) // s[i] + 1
+        blocks.append(n)
+    return d, p, s, blocks
+
+
+def _col2im_shape(specs, *, dilations=None, pads=None, strides=None):
+    x, image, block = specs
+    if image.value is None or block.value is None:
+        raise UnknownValueError("image_shape and block_shape must be known when the graph is "
+                                "planned (constants)")
+    im, bl = tuple(image.value), tuple(block.value)
+    if len(im) != len(bl):
+        raise ShapeError(f"image_shape {list(im)} and block_shape {list(bl)} differ in rank")
+    if len(x.shape) != 3:
+        raise ShapeError(f"input must be (N, C * prod(block_shape), L), got "
+                         f"{format_shape(x.shape)}")
+    k = math.prod(bl)
+    if isinstance(x.shape[1], int) and x.shape[1] % k:
+        raise ShapeError(f"input axis 1 ({x.shape[1]}) is not a multiple of prod(block_shape) "
+                         f"= {k}")
+    if all(isinstance(v, int) for v in im):
+        _, _, _, blocks = _col2im_geometry(im, bl, dilations, pads, strides)
+        if min(blocks) < 1:
+            raise ShapeError(f"no block fits in image_shape {list(im)} with these pads")
+        if isinstance(x.shape[2], int) and x.shape[2] != math.prod(blocks):
+            raise ShapeError(f"input has {x.shape[2]} blocks, image_shape {list(im)} holds "
+                             f"{' x '.join(map(str, blocks))} = {math.prod(blocks)}")
+    return TensorSpec((x.shape[0], floordiv(x.shape[1], k), *im), x.dtype)
+
+
+@defop("Col2Im", shape=_col2im_shape, static=("image_shape", "block_shape"))
+def col2im(input, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
+    """ONNX Col2Im (opset 18): add sliding blocks (N, C * prod(block), L) back into images
+    (N, C, *image_shape), the inverse layout of an unfold (overlaps sum)."""
+    from .nn import _col2im, _crop
+
+    im = [int(v) for v in np.asarray(image_shape).reshape(-1)]
+    bl = [int(v) for v in np.asarray(block_shape).reshape(-1)]
+    nd = len(im)
+    d, p, s, blocks = _col2im_geometry(im, bl, dilations, pads, strides)
+    n = input.shape[0]
+    c = input.shape[1] // math.prod(bl)
+    cols = input.reshape(n, c, *bl, *blocks)
+    padded = (n, c, *(im[i] + p[i] + p[i + nd] for i in range(nd)))
+    out = _col2im(cols, padded, tuple(bl), s, d, tuple(blocks))
+    return np.ascontiguousarray(_crop(out, p[:nd], p[nd:]))
