@@ -32,6 +32,7 @@ from .pooling import (
     MaxPool2d,
 )
 from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
+from .resample import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 
 __all__ = ["ELU", "GELU", "Hardsigmoid", "Hardswish", "LeakyReLU", "LogSoftmax", "Mish", "PReLU",
            "SiLU", "Softplus", "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d",
@@ -39,4 +40,5 @@ __all__ = ["ELU", "GELU", "Hardsigmoid", "Hardswish", "LeakyReLU", "LogSoftmax",
            "Identity", "LayerNorm", "Linear", "MaxPool2d", "ModuleList", "MultiheadAttention",
            "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "TransformerEncoderLayer",
            "AdaptiveAvgPool1d", "AvgPool1d", "ConvTranspose1d", "MaxPool1d",
-           "GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNCell"]
+           "GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNCell",
+           "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d"]
