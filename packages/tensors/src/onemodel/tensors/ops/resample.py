@@ -558,7 +558,7 @@ def _affine_grid_grad(ctx, g):
     nd = len(sizes) - 2
     base = _affine_base(sizes[2:], ctx.attrs["align_corners"]).astype(g.numpy().dtype)
     n = sizes[0]
-    gt = g.reshape(n, math.prod(sizes[2:]), nd).transpose(0, 2, 1)  # (N, nd, P)
+    gt = g.reshape(n, math.prod(sizes[2:]), nd).transpose(1, 2)  # (N, nd, P)
     return gt @ _wrap(base), None
 
 
