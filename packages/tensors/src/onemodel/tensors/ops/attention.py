@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..dtype import DType
 from ..errors import AutogradError, DTypeError, ShapeError
 from ..symbolic import Dim, add, floordiv, format_shape, mul
-from ._grad import call
+from ._grad import call, unbroadcast
 from .base import TensorSpec, defop, norm_axis, same_dtype
 
 # shape-rule helpers ------------------------------------------------------------------------
@@ -289,7 +289,103 @@ def _probabilities(x: np.ndarray, bias, softmax_precision) -> np.ndarray:
     return p
 
 
-@defop("Attention", shape=_attention_shape,
+def _grouped(x, kv, hkv: int):
+    """Tensor form of :func:`_grouped_matmul`: ``x`` (B, H, M, N) @ ``kv`` (B, H / G, N, P)."""
+    b, h = x.shape[0], x.shape[1]
+    if h == hkv:
+        return x @ kv
+    out = x.reshape(b, hkv, h // hkv, x.shape[2], x.shape[3]) @ kv.unsqueeze(2)
+    return out.reshape(b, h, out.shape[3], out.shape[4])
+
+
+def _group_sum(x, hkv: int):
+    """(B, H, M, N) -> (B, H / G, M, N): the gradient of sharing a KV head by G query heads."""
+    b, h = x.shape[0], x.shape[1]
+    if h == hkv:
+        return x
+    return x.reshape(b, hkv, h // hkv, x.shape[2], x.shape[3]).sum(axis=2)
+
+
+def _attention_grad(ctx, gy, g_present_k, g_present_v, g_qk):
+    """Gradients for Q, K, V, past_key, past_value and a float attn_mask, written with other
+    ops (so they can be differentiated again). The bias is a constant of the masks' values;
+    softmax_precision is a forward precision choice and the gradient uses the inputs' dtype."""
+    from ..tensor import Tensor, concat, where
+
+    ins = list(ctx.inputs) + [None] * (7 - len(ctx.inputs))
+    Q, K, V, mask, past_k, past_v, nonpad = ins
+    a = ctx.attrs
+    three_d = Q.ndim == 3
+    if three_d:
+        b, sq, skv = Q.shape[0], Q.shape[1], K.shape[1]
+        hq, hkv = int(a["q_num_heads"]), int(a["kv_num_heads"])
+        q = Q.reshape(b, sq, hq, Q.shape[2] // hq).transpose(1, 2)
+        k = K.reshape(b, skv, hkv, K.shape[2] // hkv).transpose(1, 2)
+        v = V.reshape(b, skv, hkv, V.shape[2] // hkv).transpose(1, 2)
+    else:
+        q, k, v = Q, K, V
+        b, hq, sq = Q.shape[0], Q.shape[1], Q.shape[2]
+        hkv = K.shape[1]
+    scale = a["scale"] if a["scale"] is not None else 1 / math.sqrt(q.shape[3])
+    past = 0 if past_k is None else past_k.shape[2]
+    kf = k if past_k is None else concat([past_k, k], axis=2)
+    vf = v if past_v is None else concat([past_v, v], axis=2)
+    kv_len = kf.shape[2]
+    offset = past
+    npv = None
+    if nonpad is not None and past_k is None:
+        npv = nonpad.numpy()
+        offset = (npv.astype(np.int64) - sq).reshape(-1, 1, 1, 1)
+    bias = _attention_bias(None if mask is None else mask.numpy(),
+                           Q.numpy().dtype, sq, kv_len, a["is_causal"], offset,
+                           int(a["left_window_size"]), int(a["right_window_size"]), npv)
+    root = math.sqrt(scale)
+    raw = _grouped(q * root, (kf * root).mT, hkv)
+    cap = a["softcap"]
+    capped = (raw * (1 / cap)).tanh() * cap if cap > 0 else raw
+    x = capped
+    blocked = None
+    if bias is not None:
+        blocked = np.isneginf(bias.max(axis=-1, keepdims=True)) if bias.shape[-1] else None
+        if blocked is not None and blocked.any():
+            bias = np.where(blocked, bias.dtype.type(0), bias)  # no NaN rows; zeroed below
+        else:
+            blocked = None
+        x = capped + Tensor._wrap(bias.astype(Q.numpy().dtype, copy=False))
+    p = x.softmax(axis=-1)
+    if blocked is not None:
+        p = where(Tensor._wrap(np.broadcast_to(blocked, p.shape).copy()), 0.0, p)
+    gy4 = gy.reshape(b, sq, hq, gy.shape[2] // hq).transpose(1, 2) if three_d else gy
+    dp = _grouped(gy4, vf.mT, hkv)
+    mode = a["qk_matmul_output_mode"]
+    if mode == 3:
+        dp = dp + g_qk
+    dx = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    if mode == 2:
+        dx = dx + g_qk
+    g_mask = None
+    if mask is not None and mask.requires_grad:
+        lm = mask.shape[-1]
+        g_mask = unbroadcast(dx if lm == kv_len else dx[..., :lm], mask.shape)
+    dcap = dx + g_qk if mode == 1 else dx
+    draw = dcap * (1 - (capped * (1 / cap)) * (capped * (1 / cap))) if cap > 0 else dcap
+    if mode == 0:
+        draw = draw + g_qk
+    dq = _grouped(draw, kf, hkv) * scale
+    dkf = _group_sum(draw.mT @ q, hkv) * scale + g_present_k
+    dvf = _group_sum(p.mT @ gy4, hkv) + g_present_v
+    g_past_k = dkf[:, :, :past] if past_k is not None else None
+    g_past_v = dvf[:, :, :past] if past_v is not None else None
+    dk = dkf[:, :, past:] if past_k is not None else dkf
+    dv = dvf[:, :, past:] if past_v is not None else dvf
+    if three_d:
+        dq = dq.transpose(1, 2).reshape(*Q.shape)
+        dk = dk.transpose(1, 2).reshape(*K.shape)
+        dv = dv.transpose(1, 2).reshape(*V.shape)
+    return (dq, dk, dv, g_mask, g_past_k, g_past_v, None)[:len(ctx.inputs)]
+
+
+@defop("Attention", shape=_attention_shape, grad=_attention_grad,
        outputs=("Y", "present_key", "present_value", "qk_matmul_output"))
 def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
               is_causal=0, kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0,
