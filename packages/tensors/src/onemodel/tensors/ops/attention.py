@@ -385,7 +385,14 @@ def _attention_grad(ctx, gy, g_present_k, g_present_v, g_qk):
     return (dq, dk, dv, g_mask, g_past_k, g_past_v, None)[:len(ctx.inputs)]
 
 
-@defop("Attention", shape=_attention_shape, grad=_attention_grad,
+def _attention_opset(attrs: dict) -> int:
+    """Attention-24 (nonpad_kv_seqlen, offset-aware causal masks); 25 for sliding windows."""
+    windowed = (attrs.get("left_window_size", -1) != -1
+                or attrs.get("right_window_size", -1) != -1)
+    return 25 if windowed else 24
+
+
+@defop("Attention", shape=_attention_shape, grad=_attention_grad, onnx_opset=_attention_opset,
        outputs=("Y", "present_key", "present_value", "qk_matmul_output"))
 def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
               is_causal=0, kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0,
@@ -501,7 +508,7 @@ def _rotary(X, cos_cache, sin_cache, position_ids, interleaved, num_heads, rotar
     return _rotate(x, cos, sin, interleaved, rot, inverse).reshape(X.shape)
 
 
-@defop("RotaryEmbedding", shape=_rotary_shape, grad=_rotary_grad)
+@defop("RotaryEmbedding", shape=_rotary_shape, grad=_rotary_grad, onnx_opset=23)
 def rotary_embedding(X, cos_cache, sin_cache, position_ids=None, *, interleaved=0, num_heads=0,
                      rotary_embedding_dim=0):
     """ONNX RotaryEmbedding (opset 23): rotate pairs of features (the two halves, or even/odd
@@ -510,7 +517,7 @@ def rotary_embedding(X, cos_cache, sin_cache, position_ids=None, *, interleaved=
                    rotary_embedding_dim, False)
 
 
-@defop("RotaryEmbeddingGrad", shape=_rotary_shape, domain="onemodel")
+@defop("RotaryEmbeddingGrad", shape=_rotary_shape, domain="onemodel", traceable=False)
 def rotary_embedding_grad(dY, cos_cache, sin_cache, position_ids=None, *, interleaved=0,
                           num_heads=0, rotary_embedding_dim=0):
     """Gradient of RotaryEmbedding with respect to its input: the inverse rotation of dY."""
@@ -536,7 +543,7 @@ def _swish_grad(ctx, g):
     return g * (s + x * s * (1 - s) * alpha)
 
 
-@defop("Swish", shape=_swish_shape, grad=_swish_grad)
+@defop("Swish", shape=_swish_shape, grad=_swish_grad, onnx_opset=24)
 def swish(X, *, alpha=1.0):
     """x * sigmoid(alpha * x) (ONNX Swish, opset 24; SiLU when alpha is 1)."""
     return X * _sigmoid(X * X.dtype.type(alpha))
@@ -560,7 +567,7 @@ def _swiglu_grad(ctx, g):
     return ga, gb
 
 
-@defop("SwiGLU", shape=_swiglu_shape, grad=_swiglu_grad)
+@defop("SwiGLU", shape=_swiglu_shape, grad=_swiglu_grad, onnx_opset=28)
 def swiglu(A, B, *, alpha=1.0):
     """Swish_alpha(A) * B: the gated linear unit of Llama-style MLPs (ONNX SwiGLU)."""
     if A.shape != B.shape:
@@ -596,7 +603,7 @@ def _tensor_scatter_shape(specs, *, axis=-2, mode="linear"):
     return TensorSpec(past.shape, past.dtype)
 
 
-@defop("TensorScatter", shape=_tensor_scatter_shape)
+@defop("TensorScatter", shape=_tensor_scatter_shape, onnx_opset=24)
 def tensor_scatter(past_cache, update, write_indices=None, *, axis=-2, mode="linear"):
     """Write ``update`` into a copy of ``past_cache`` along the sequence ``axis``, from each batch
     row's write index on (wrapping around the cache when ``mode`` is circular): a KV-cache
@@ -675,7 +682,8 @@ def _linear_attention_shape(specs, *, chunk_size=64, kv_num_heads=None, q_num_he
     return [TensorSpec((b, t, mul(hq, dv)), dt), TensorSpec(state, sdt)]
 
 
-@defop("LinearAttention", shape=_linear_attention_shape, outputs=("output", "present_state"))
+@defop("LinearAttention", shape=_linear_attention_shape, onnx_opset=27,
+       outputs=("output", "present_state"))
 def linear_attention(query, key, value, past_state=None, decay=None, beta=None, *, chunk_size=64,
                      kv_num_heads=None, q_num_heads=None, scale=0.0, update_rule="gated_delta"):
     """ONNX LinearAttention (opset 27): a recurrent state S (d_k x d_v per KV head) updated per
@@ -740,7 +748,8 @@ def _causal_conv_shape(specs, *, activation="none"):
     return [TensorSpec(x.shape, dt), TensorSpec(state, dt)]
 
 
-@defop("CausalConvWithState", shape=_causal_conv_shape, outputs=("output", "present_state"))
+@defop("CausalConvWithState", shape=_causal_conv_shape, onnx_opset=27,
+       outputs=("output", "present_state"))
 def causal_conv_with_state(input, weight, bias=None, past_state=None, *, activation="none"):
     """ONNX CausalConvWithState (opset 27): a depthwise causal 1-D convolution over
     (batch, channels, length) whose left context is ``past_state`` (zeros when omitted), with an
