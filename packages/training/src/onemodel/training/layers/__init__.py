@@ -18,7 +18,13 @@ from .activation import (
     Softplus,
     Tanh,
 )
-from .attention import MultiheadAttention, TransformerEncoderLayer
+from .attention import (
+    MultiheadAttention,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 from .container import ModuleList, Sequential
 from .conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d
 from .linear import Flatten, Identity, Linear
@@ -40,5 +46,6 @@ __all__ = ["ELU", "GELU", "Hardsigmoid", "Hardswish", "LeakyReLU", "LogSoftmax",
            "Identity", "LayerNorm", "Linear", "MaxPool2d", "ModuleList", "MultiheadAttention",
            "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "TransformerEncoderLayer",
            "AdaptiveAvgPool1d", "AvgPool1d", "ConvTranspose1d", "MaxPool1d",
+           "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
            "GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNCell",
            "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d"]

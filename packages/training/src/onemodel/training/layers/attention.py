@@ -1,8 +1,11 @@
-"""MultiheadAttention and TransformerEncoderLayer, with PyTorch's parameters, names and masks."""
+"""MultiheadAttention and the transformer layers (TransformerEncoderLayer, TransformerEncoder,
+TransformerDecoderLayer, TransformerDecoder), with PyTorch's parameters, names and masks."""
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable
 
 from onemodel.tensors import DType, Generator, OneModelError, Tensor, where
 from onemodel.tensors import functional as F
@@ -10,6 +13,7 @@ from onemodel.tensors import functional as F
 from .. import init
 from ..module import Module
 from .activation import Dropout
+from .container import ModuleList
 from .linear import Linear
 from .normalization import LayerNorm
 
@@ -87,8 +91,7 @@ class TransformerEncoderLayer(Module):
                  batch_first: bool = False, norm_first: bool = False, bias: bool = True, *,
                  generator: Generator | None = None):
         super().__init__()
-        if activation not in ("relu", "gelu"):
-            raise OneModelError(f"activation must be 'relu' or 'gelu', not {activation!r}")
+        _check_activation(activation)
         self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias, batch_first,
                                             generator=generator)
         self.linear1 = Linear(d_model, dim_feedforward, generator, bias=bias)
@@ -107,8 +110,7 @@ class TransformerEncoderLayer(Module):
         return self.dropout1(out)
 
     def _ff(self, x):
-        h = self.linear1(x)
-        h = h.relu() if self.activation == "relu" else h.gelu()
+        h = _activate(self.activation, self.linear1(x))
         return self.dropout2(self.linear2(self.dropout(h)))
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None,
@@ -119,3 +121,129 @@ class TransformerEncoderLayer(Module):
             return x + self._ff(self.norm2(x))
         x = self.norm1(x + self._sa(x, src_mask, src_key_padding_mask, is_causal))
         return self.norm2(x + self._ff(x))
+
+
+def _check_activation(activation) -> None:
+    if not (activation in ("relu", "gelu") or callable(activation)):
+        raise OneModelError(f"activation must be 'relu', 'gelu' or a callable, not {activation!r}")
+
+
+def _activate(activation: str | Callable[[Tensor], Tensor], h: Tensor) -> Tensor:
+    if activation == "relu":
+        return h.relu()
+    if activation == "gelu":
+        return h.gelu()
+    return activation(h)
+
+
+def _clones(layer: Module, n: int) -> ModuleList:
+    """``n`` independent copies of ``layer`` (same initial weights, as in PyTorch)."""
+    if not isinstance(n, int) or n < 1:
+        raise OneModelError(f"num_layers must be a positive integer, got {n!r}")
+    return ModuleList(copy.deepcopy(layer) for _ in range(n))
+
+
+class TransformerEncoder(Module):
+    """``torch.nn.TransformerEncoder``: ``num_layers`` copies of ``encoder_layer`` (parameters
+    ``layers.<i>.*``) and an optional final ``norm``."""
+
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int,
+                 norm: Module | None = None, enable_nested_tensor: bool = True,
+                 mask_check: bool = True):
+        super().__init__()
+        # enable_nested_tensor and mask_check select PyTorch's fast paths; the result is the
+        # same without them, so they are accepted and ignored
+        self.layers = _clones(encoder_layer, num_layers)
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, src: Tensor, mask: Tensor | None = None,
+                src_key_padding_mask: Tensor | None = None,
+                is_causal: bool | None = None) -> Tensor:
+        out = src
+        for layer in self.layers:
+            out = layer(out, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
+                        is_causal=bool(is_causal))
+        return self.norm(out) if self.norm is not None else out
+
+
+class TransformerDecoderLayer(Module):
+    """``torch.nn.TransformerDecoderLayer``: self-attention over the target, attention over the
+    encoder's ``memory``, and a feed-forward block, each with a residual connection and LayerNorm
+    (after, or before with ``norm_first``)."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation: str | Callable = "relu",
+                 layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, *,
+                 generator: Generator | None = None):
+        super().__init__()
+        _check_activation(activation)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias, batch_first,
+                                            generator=generator)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout, bias, batch_first,
+                                                 generator=generator)
+        self.linear1 = Linear(d_model, dim_feedforward, generator, bias=bias)
+        self.dropout = Dropout(dropout, generator)
+        self.linear2 = Linear(dim_feedforward, d_model, generator, bias=bias)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, layer_norm_eps, bias=bias)
+        self.norm2 = LayerNorm(d_model, layer_norm_eps, bias=bias)
+        self.norm3 = LayerNorm(d_model, layer_norm_eps, bias=bias)
+        self.dropout1 = Dropout(dropout, generator)
+        self.dropout2 = Dropout(dropout, generator)
+        self.dropout3 = Dropout(dropout, generator)
+        self.activation = activation
+
+    def _sa(self, x, mask, padding, is_causal):
+        out, _ = self.self_attn(x, x, x, key_padding_mask=padding, need_weights=False,
+                                attn_mask=mask, is_causal=is_causal)
+        return self.dropout1(out)
+
+    def _mha(self, x, memory, mask, padding, is_causal):
+        out, _ = self.multihead_attn(x, memory, memory, key_padding_mask=padding,
+                                     need_weights=False, attn_mask=mask, is_causal=is_causal)
+        return self.dropout2(out)
+
+    def _ff(self, x):
+        h = _activate(self.activation, self.linear1(x))
+        return self.dropout3(self.linear2(self.dropout(h)))
+
+    def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
+                memory_key_padding_mask: Tensor | None = None, tgt_is_causal: bool = False,
+                memory_is_causal: bool = False) -> Tensor:
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+            x = x + self._mha(self.norm2(x), memory, memory_mask, memory_key_padding_mask,
+                              memory_is_causal)
+            return x + self._ff(self.norm3(x))
+        x = self.norm1(x + self._sa(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+        x = self.norm2(x + self._mha(x, memory, memory_mask, memory_key_padding_mask,
+                                     memory_is_causal))
+        return self.norm3(x + self._ff(x))
+
+
+class TransformerDecoder(Module):
+    """``torch.nn.TransformerDecoder``: ``num_layers`` copies of ``decoder_layer`` (parameters
+    ``layers.<i>.*``) and an optional final ``norm``."""
+
+    def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int,
+                 norm: Module | None = None):
+        super().__init__()
+        self.layers = _clones(decoder_layer, num_layers)
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
+                memory_key_padding_mask: Tensor | None = None,
+                tgt_is_causal: bool | None = None, memory_is_causal: bool = False) -> Tensor:
+        out = tgt
+        for layer in self.layers:
+            out = layer(out, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                        tgt_key_padding_mask=tgt_key_padding_mask,
+                        memory_key_padding_mask=memory_key_padding_mask,
+                        tgt_is_causal=bool(tgt_is_causal), memory_is_causal=memory_is_causal)
+        return self.norm(out) if self.norm is not None else out
