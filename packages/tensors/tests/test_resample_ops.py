@@ -21,8 +21,8 @@ TF = torch.nn.functional
 # (mode, spatial rank); shapes are small and odd
 MODES = [("nearest", 1), ("nearest", 2), ("nearest", 3), ("nearest-exact", 2), ("linear", 1),
          ("bilinear", 2), ("bicubic", 2), ("trilinear", 3), ("area", 2)]
-HOW = [dict(scale_factor=2), dict(scale_factor=3), dict(scale_factor=0.5),
-       dict(scale_factor=1.5), dict(size=(4, 9, 2)), dict(size=(11, 3, 6)), dict(size=(1, 1, 1)),
+HOW = [dict(scale_factor=2), dict(scale_factor=0.5), dict(scale_factor=1.5),
+       dict(size=(11, 3, 2)), dict(size=(1, 1, 1)),
        dict(scale_factor=1.7, recompute_scale_factor=True)]
 
 
