@@ -30,8 +30,12 @@ _DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 # activations: value and derivative of the pre-activation z ------------------------------------
 
 def _sigmoid(z):
-    return np.where(z >= 0, 1 / (1 + np.exp(-np.abs(z))),
-                    np.exp(-np.abs(z)) / (1 + np.exp(-np.abs(z)))).astype(z.dtype, copy=False)
+    """1 / (1 + exp(-z)) as 0.5 * (1 + tanh(z / 2)): one transcendental, no overflow."""
+    out = np.multiply(z, 0.5, dtype=z.dtype)
+    np.tanh(out, out=out)
+    out += 1
+    out *= 0.5
+    return out
 
 
 def _d_sigmoid(z, a, b):
@@ -71,16 +75,22 @@ _ACTS = {
 
 
 class _Act:
-    __slots__ = ("a", "b", "df", "f", "name")
+    __slots__ = ("a", "b", "df", "f", "kind", "name")
 
     def __init__(self, name: str, a: float, b: float):
         spec = _ACTS[name.lower()]
         self.name, self.a, self.b, self.f, self.df = name, a, b, spec[4], spec[5]
+        self.kind = name.lower()
 
     def __call__(self, z):
         return self.f(z, self.a, self.b).astype(z.dtype, copy=False)
 
-    def grad(self, z):
+    def grad(self, z, y):
+        """f'(z), where ``y`` = f(z) (sigmoid and tanh read their derivative from it)."""
+        if self.kind == "sigmoid":
+            return y * (1 - y)
+        if self.kind == "tanh":
+            return 1 - y * y
         return self.df(z, self.a, self.b).astype(z.dtype, copy=False)
 
 
@@ -239,7 +249,8 @@ class _Dir:
         H, clip, f = self.h, self.clip, self.acts[0]
         if self.kind == "RNN":
             a = xw + h @ self.r.T + self.rb
-            return f(_clip(a, clip)), None, (a,)
+            hn = f(_clip(a, clip))
+            return hn, None, (a, hn)
         if self.kind == "GRU":
             g = self.acts[1]
             hzr = h @ self.r[:2 * H].T + self.rb[:2 * H]
@@ -267,7 +278,7 @@ class _Dir:
             ao = ao + self.p[H:2 * H] * cn
         o = f(_clip(ao, clip))
         hc = hact(cn)
-        return o * hc, cn, (ai, ao, af, ac, i, fg, cc, o, cn)
+        return o * hc, cn, (ai, ao, af, ac, i, fg, cc, o, cn, hc)
 
     def back(self, rec, h, c, dh, dc, grads):
         """Gradients of one step: returns (d pre-activations of the input side, dh_prev,
@@ -275,8 +286,8 @@ class _Dir:
         H, clip, f = self.h, self.clip, self.acts[0]
         dR, dRb, dP = grads
         if self.kind == "RNN":
-            (a,) = rec
-            da = dh * f.grad(_clip(a, clip)) * _dclip(a, clip)
+            a, hn = rec
+            da = dh * f.grad(_clip(a, clip), hn) * _dclip(a, clip)
             dR += da.T @ h
             dRb += da.sum(0)
             return da, da @ self.r, None
@@ -286,7 +297,7 @@ class _Dir:
             dz = dh * (h - n)
             dn = dh * (1 - z)
             dh_prev = dh * z
-            dah = dn * g.grad(_clip(ah, clip)) * _dclip(ah, clip)
+            dah = dn * g.grad(_clip(ah, clip), n) * _dclip(ah, clip)
             rh = self.r[2 * H:]
             if self.lbr:
                 dr = dah * hh
@@ -301,18 +312,17 @@ class _Dir:
                 dRb[2 * H:] += dah.sum(0)
                 dr = du * h
                 dh_prev += du * rr
-            daz = dz * f.grad(_clip(az, clip)) * _dclip(az, clip)
-            dar = dr * f.grad(_clip(ar, clip)) * _dclip(ar, clip)
+            daz = dz * f.grad(_clip(az, clip), z) * _dclip(az, clip)
+            dar = dr * f.grad(_clip(ar, clip), rr) * _dclip(ar, clip)
             dzr = np.concatenate([daz, dar], axis=1)
             dR[:2 * H] += dzr.T @ h
             dRb[:2 * H] += dzr.sum(0)
             dh_prev += dzr @ self.r[:2 * H]
             return np.concatenate([dzr, dah], axis=1), dh_prev, None
         g, hact = self.acts[1], self.acts[2]
-        ai, ao, af, ac, i, fg, cc, o, cn = rec
-        hc = hact(cn)
-        dao = dh * hc * f.grad(_clip(ao, clip)) * _dclip(ao, clip)
-        dct = dc + dh * o * hact.grad(cn)
+        ai, ao, af, ac, i, fg, cc, o, cn, hc = rec
+        dao = dh * hc * f.grad(_clip(ao, clip), o) * _dclip(ao, clip)
+        dct = dc + dh * o * hact.grad(cn, hc)
         if self.p is not None:
             dct = dct + dao * self.p[H:2 * H]
         di = dct * cc
@@ -322,9 +332,9 @@ class _Dir:
             di = di - dfg
             daf = np.zeros_like(dfg)
         else:
-            daf = dfg * f.grad(_clip(af, clip)) * _dclip(af, clip)
-        dai = di * f.grad(_clip(ai, clip)) * _dclip(ai, clip)
-        dac = dcc * g.grad(_clip(ac, clip)) * _dclip(ac, clip)
+            daf = dfg * f.grad(_clip(af, clip), fg) * _dclip(af, clip)
+        dai = di * f.grad(_clip(ai, clip), i) * _dclip(ai, clip)
+        dac = dcc * g.grad(_clip(ac, clip), cc) * _dclip(ac, clip)
         dc_prev = dct * fg
         if self.p is not None:
             dc_prev = dc_prev + dai * self.p[:H] + daf * self.p[2 * H:]
