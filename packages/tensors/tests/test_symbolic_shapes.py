@@ -30,7 +30,24 @@ def test_broadcast_and_matmul_keep_symbols():
     with pytest.raises(ShapeError, match=r"MatMul: inner dimensions 8 and 9"):
         OPS["MatMul"].infer([spec(B, 8), spec(9, 2)])
     with pytest.raises(ShapeError, match=r"cannot be broadcast"):
-        OPS["Add"].infer([spec(B, 3), spec(T, 3)])
+        OPS["Add"].infer([spec(B, 2), spec(T, 3)])
+
+
+def test_broadcast_of_sizes_only_real_sizes_reconcile():
+    # two symbols may be equal or either 1: an expression equal to neither, settled by the plan
+    (out,) = OPS["Add"].infer([spec(B, 3), spec(T, 3)])
+    assert str(out.shape[0]) == "broadcast(batch, time)" and out.shape[0] not in (B, T)
+    assert [evaluate(out.shape[0], {"batch": b, "time": t})
+            for b, t in ((1, 5), (5, 1), (5, 5), (0, 1))] == [5, 5, 5, 0]
+    with pytest.raises(ShapeError, match=r"sizes 2, 3 of broadcast\(batch, time\)"):
+        evaluate(out.shape[0], {"batch": 2, "time": 3})
+    (again,) = OPS["Mul"].infer([out, spec(B, 1)])
+    assert again.shape == out.shape  # broadcast(broadcast(batch, time), batch) folds
+    # a symbol against a constant other than 1 is that constant (the symbol must be 1 or it)
+    (out,) = OPS["Add"].infer([spec(B, 3), spec(2, 4, 1)])
+    assert out.shape == (2, 4, 3)
+    (out,) = OPS["Where"].infer([spec(B, 1, dtype=DType.BOOL), spec(T, 1), spec(1, 7)])
+    assert str(out.shape[0]) == "broadcast(batch, time)" and out.shape[1] == 7
 
 
 def test_reshape_infers_a_symbolic_minus_one():

@@ -1,4 +1,5 @@
-"""Text form of dims: ints, symbol names and expressions such as ``2 * batch + 1``.
+"""Text form of dims: ints, symbol names and expressions such as ``2 * batch + 1`` or
+``broadcast(batch, n)``.
 
 Files (native and ONNX) store symbolic dims as text; this parses them back into ``DimExpr``.
 Text comes from files that may be hostile, so the parser is bounded (length, nesting, digits) and
@@ -9,9 +10,9 @@ from __future__ import annotations
 import re
 
 from onemodel.tensors import DimExpr, OneModelError
-from onemodel.tensors.symbolic import Dim, add, floordiv, mul
+from onemodel.tensors.symbolic import Dim, add, broadcast_dim, floordiv, mul
 
-_TOKEN = re.compile(r"\s*(?:([0-9]+)|([A-Za-z_][A-Za-z0-9_.:\-]*)|(//|[-+*()]))", re.ASCII)
+_TOKEN = re.compile(r"\s*(?:([0-9]+)|([A-Za-z_][A-Za-z0-9_.:\-]*)|(//|[-+*(),]))", re.ASCII)
 _MAX_TEXT = 1000  # characters of one dimension's text
 _MAX_DEPTH = 32  # nested parentheses and unary minus signs
 _MAX_DIGITS = 18  # an integer literal below 10**18 (and 2**63)
@@ -108,6 +109,20 @@ class _Parser:
             return out
         if tok.isdigit():
             return int(tok)
-        if tok in ("+", "*", "//", ")"):
+        if tok == "broadcast" and self.peek() == "(":  # broadcast(a, b, ...)
+            self.take()
+            self.depth += 1
+            if self.depth > _MAX_DEPTH:
+                raise OneModelError(f"cannot read the dimension {self.original!r}: nested more "
+                                    f"than {_MAX_DEPTH} deep")
+            out = self.sum()
+            while self.peek() == ",":
+                self.take()
+                out = broadcast_dim(out, self.sum())
+            if self.take() != ")":
+                raise OneModelError(f"cannot read the dimension {self.original!r}")
+            self.depth -= 1
+            return out
+        if tok in ("+", "*", "//", ")", ","):
             raise OneModelError(f"cannot read the dimension {self.original!r}")
         return DimExpr.symbol(tok)

@@ -32,10 +32,12 @@ class DimExpr:
     __slots__ = ("args", "kind", "text")
 
     def __init__(self, kind: str, args: tuple):
-        self.kind = kind  # "sym", "+", "*", "//", "%"
+        self.kind = kind  # "sym", "+", "*", "//", "%", "broadcast"
         self.args = args
         if kind == "sym":
             self.text = args[0]
+        elif kind == "broadcast":
+            self.text = "broadcast(" + ", ".join(sorted(_text(a) for a in args)) + ")"
         elif kind in ("//", "%"):
             self.text = f"({_text(args[0])} {kind} {_text(args[1])})"
         else:
@@ -116,6 +118,12 @@ class DimExpr:
             return out
         if self.kind == "%":
             return vals[0] % vals[1]
+        if self.kind == "broadcast":
+            sizes = {v for v in vals if v != 1}
+            if len(sizes) > 1:
+                raise ShapeError(f"sizes {', '.join(map(str, vals))} of {self} cannot be "
+                                 "broadcast together")
+            return sizes.pop() if sizes else 1
         return vals[0] // vals[1]
 
 
@@ -230,6 +238,31 @@ def mod(a: Dim, b: Dim) -> Dim:
                                           for t in _terms(a, "+")):
         return 0
     return DimExpr("%", (a, b))
+
+
+def broadcast_dim(a: Dim, b: Dim) -> Dim:
+    """The size numpy/ONNX broadcasting gives two sizes: equal ones, or the other where one is 1.
+
+    Two different symbols (``batch`` and ``n``) may be equal or either may be 1, which only real
+    sizes tell: the result is the expression ``broadcast(batch, n)``, equal to neither, and a
+    plan re-runs the shape rule on the real sizes, where a mismatch is refused naming the node.
+    A symbol against a constant other than 1 gives the constant (the symbol must be 1 or it).
+    Raises ShapeError for two different constants, neither 1."""
+    if not isinstance(a, DimExpr) and int(a) == 1:
+        return b
+    if not isinstance(b, DimExpr) and int(b) == 1:
+        return a
+    if dims_equal(a, b):
+        return a
+    if not isinstance(a, DimExpr) and not isinstance(b, DimExpr):
+        raise ShapeError(f"sizes {int(a)} and {int(b)} cannot be broadcast together")
+    if not isinstance(a, DimExpr) or not isinstance(b, DimExpr):
+        return a if not isinstance(a, DimExpr) else b
+    args: list[Dim] = []
+    for d in _terms(a, "broadcast") + _terms(b, "broadcast"):
+        if d not in args:
+            args.append(d)
+    return args[0] if len(args) == 1 else DimExpr("broadcast", tuple(args))
 
 
 def _const_product(terms: list) -> int:

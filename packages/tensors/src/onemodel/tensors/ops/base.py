@@ -14,7 +14,7 @@ from typing import Any
 
 from ..dtype import DType
 from ..errors import DTypeError, OneModelError, ShapeError
-from ..symbolic import Dim, format_shape
+from ..symbolic import Dim, broadcast_dim, format_shape
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,11 @@ def first_value(in_specs, values, attrs):
 # shape-rule helpers -----------------------------------------------------------------------------
 
 def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
-    """numpy/ONNX multidirectional broadcasting on symbolic dims."""
+    """numpy/ONNX multidirectional broadcasting on symbolic dims.
+
+    Sizes that only real sizes can reconcile (two different symbols, a symbol and a constant)
+    broadcast as ``symbolic.broadcast_dim`` says; a plan runs this again on the real sizes, so a
+    mismatch is refused there, naming the node."""
     ndim = max(len(s) for s in shapes)
     out: list[Dim] = []
     for i in range(ndim):
@@ -158,16 +162,13 @@ def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
             j = i - (ndim - len(s))
             if j < 0:
                 continue
-            d = s[j]
-            if isinstance(d, int) and d == 1:
-                continue
-            if isinstance(dim, int) and dim == 1:
-                dim = d
-            elif dim != d:
+            try:
+                dim = broadcast_dim(dim, s[j])
+            except ShapeError:
                 raise ShapeError(
                     "shapes " + " and ".join(format_shape(s) for s in shapes)
                     + " cannot be broadcast together"
-                )
+                ) from None
         out.append(dim)
     return tuple(out)
 
