@@ -8,6 +8,8 @@ from .layers import __all__ as _layers
 from .loss_modules import (
     BCEWithLogitsLoss,
     CrossEntropyLoss,
+    CTCLoss,
+    KLDivLoss,
     L1Loss,
     MSELoss,
     NLLLoss,
@@ -45,4 +47,4 @@ __all__ = [*_layers, "SGD", "ActivationScope", "Adam", "AdamW", "BCEWithLogitsLo
            "CosineAnnealingLR", "DataLoader", "LRScheduler", "LambdaLR", "Module", "Optimizer",
            "Parameter", "RMSprop", "StateDictError", "StepLR", "clip_grad_norm_", "init",
            "losses", "Adagrad", "ExponentialLR", "LinearLR", "MultiStepLR", "NAdam", "OneCycleLR",
-           "RAdam", "ReduceLROnPlateau", "SequentialLR", "clip_grad_value_"]
+           "RAdam", "ReduceLROnPlateau", "SequentialLR", "clip_grad_value_", "CTCLoss", "KLDivLoss"]

@@ -79,5 +79,36 @@ class BCEWithLogitsLoss(_Loss):
                                                        self.reduction, self.pos_weight)
 
 
-__all__ = ["BCEWithLogitsLoss", "CrossEntropyLoss", "L1Loss", "MSELoss", "NLLLoss",
-           "SmoothL1Loss"]
+class KLDivLoss(Module):
+    """``input`` log-probabilities against ``target`` probabilities (or log-probabilities with
+    ``log_target``); use ``reduction='batchmean'`` for the KL divergence itself."""
+
+    def __init__(self, reduction: str = "mean", log_target: bool = False):
+        super().__init__()
+        if reduction not in (*_REDUCTIONS, "batchmean"):
+            raise OneModelError(f"reduction must be 'mean', 'batchmean', 'sum' or 'none', not "
+                                f"{reduction!r}")
+        self.reduction, self.log_target = reduction, log_target
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return losses.kl_div(input, target, self.reduction, self.log_target)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}, log_target={self.log_target}"
+
+
+class CTCLoss(_Loss):
+    """Connectionist temporal classification: ``forward(log_probs (T, N, C), targets,
+    input_lengths, target_lengths)``; 'mean' divides each loss by its target length."""
+
+    def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False):
+        super().__init__(reduction)
+        self.blank, self.zero_infinity = blank, zero_infinity
+
+    def forward(self, log_probs: Tensor, targets: Tensor, input_lengths, target_lengths) -> Tensor:
+        return losses.ctc(log_probs, targets, input_lengths, target_lengths, self.blank,
+                          self.reduction, self.zero_infinity)
+
+
+__all__ = ["BCEWithLogitsLoss", "CTCLoss", "CrossEntropyLoss", "KLDivLoss", "L1Loss", "MSELoss",
+           "NLLLoss", "SmoothL1Loss"]

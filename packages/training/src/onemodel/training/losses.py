@@ -176,3 +176,23 @@ def ctc(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, blank
 
 
 ctc_loss = ctc
+
+
+@_not_traceable
+def kl_div(input: Tensor, target: Tensor, reduction: str = "mean",
+           log_target: bool = False) -> Tensor:
+    """PyTorch's ``kl_div``: ``input`` holds log-probabilities, ``target`` probabilities (or
+    log-probabilities with ``log_target``); pointwise ``target * (log target - input)``, 0 where
+    the target is 0. ``'batchmean'`` divides the sum by the batch size (the true KL divergence);
+    ``'mean'`` averages over every element, as PyTorch does."""
+    _same_shape("kl_div", input, target)
+    if log_target:
+        loss = target.exp() * (target - input)
+    else:
+        positive = target > 0
+        safe = where(positive, target, 1.0)  # 0 * log(1) = 0 and a finite gradient at 0
+        loss = target * (safe.log() - input)
+    if reduction == "batchmean":
+        n = input.shape[0] if input.ndim else 1
+        return loss.sum() / float(n)
+    return _reduce(loss, reduction)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,6 +27,27 @@ class Parameter(Tensor):
 
     def __repr__(self) -> str:
         return "Parameter containing:\n" + super().__repr__()
+
+
+class RemovableHandle:
+    """What ``register_forward_hook`` and ``register_forward_pre_hook`` return: ``remove()``
+    takes the hook off (also as a context manager: ``with m.register_forward_hook(h): ...``)."""
+
+    _next_id = 0
+
+    def __init__(self, hooks: OrderedDict):
+        self._hooks = hooks
+        self.id = RemovableHandle._next_id
+        RemovableHandle._next_id += 1
+
+    def remove(self) -> None:
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
 
 
 class StateDictError(OneModelError, KeyError):
@@ -101,7 +122,58 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        d = self.__dict__
+        if not (d.get("_forward_pre_hooks") or d.get("_forward_hooks")):
+            return self.forward(*args, **kwargs)
+        return self._call_with_hooks(args, kwargs)
+
+    def _call_with_hooks(self, args: tuple, kwargs: dict):
+        for hook, with_kwargs in list(self.__dict__.get("_forward_pre_hooks", {}).values()):
+            if with_kwargs:
+                result = hook(self, args, kwargs)
+                if result is not None:
+                    if not (isinstance(result, tuple) and len(result) == 2):
+                        raise OneModelError(f"a forward pre-hook with_kwargs on "
+                                            f"{type(self).__name__} returned {type(result).__name__}"
+                                            "; return None or (args, kwargs)")
+                    args, kwargs = result
+            else:
+                result = hook(self, args)
+                if result is not None:
+                    args = result if isinstance(result, tuple) else (result,)
+        out = self.forward(*args, **kwargs)
+        for hook, with_kwargs in list(self.__dict__.get("_forward_hooks", {}).values()):
+            result = hook(self, args, kwargs, out) if with_kwargs else hook(self, args, out)
+            if result is not None:
+                out = result
+        return out
+
+    def _add_hook(self, table: str, hook, prepend: bool, with_kwargs: bool) -> RemovableHandle:
+        if not callable(hook):
+            raise OneModelError(f"a hook must be callable, got {type(hook).__name__}")
+        hooks = self.__dict__.get(table)
+        if hooks is None:
+            hooks = OrderedDict()
+            object.__setattr__(self, table, hooks)
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = (hook, with_kwargs)
+        if prepend:
+            hooks.move_to_end(handle.id, last=False)
+        return handle
+
+    def register_forward_pre_hook(self, hook, *, prepend: bool = False,
+                                  with_kwargs: bool = False) -> RemovableHandle:
+        """``hook(module, args)`` before each ``forward``; returning a value replaces the
+        positional arguments (a tuple, or one value). With ``with_kwargs``:
+        ``hook(module, args, kwargs)`` returning None or ``(args, kwargs)``. The handle's
+        ``remove()`` takes the hook off."""
+        return self._add_hook("_forward_pre_hooks", hook, prepend, with_kwargs)
+
+    def register_forward_hook(self, hook, *, prepend: bool = False,
+                              with_kwargs: bool = False) -> RemovableHandle:
+        """``hook(module, args, output)`` after each ``forward`` (``hook(module, args, kwargs,
+        output)`` with ``with_kwargs``); returning a value replaces the output."""
+        return self._add_hook("_forward_hooks", hook, prepend, with_kwargs)
 
     def train(self, mode: bool = True) -> Module:
         for m in self.modules():
@@ -290,6 +362,57 @@ class Module:
     def float(self) -> Module:
         return self.to(DType.F32)
 
+    # summary -----------------------------------------------------------------------------------
+    def summary(self, *inputs, input_size=None, dtype=DType.F32, depth: int | None = None
+                ) -> ModelSummary:
+        """A torchinfo-like table: one row per submodule (up to ``depth`` levels) with its output
+        shape for the given input and its parameter count, and the totals (all, trainable).
+
+        Pass example inputs (Tensors or arrays), or ``input_size`` (a shape, or a list of shapes
+        for several inputs) for zeros of ``dtype``; without either, only parameters are
+        counted. The forward pass runs in eval mode without gradients; the mode is restored."""
+        from onemodel.tensors import no_grad
+
+        if input_size is not None:
+            if inputs:
+                raise OneModelError("summary(): pass example inputs or input_size, not both")
+            sizes = (input_size if input_size and isinstance(input_size[0], (tuple, list))
+                     else [input_size])
+            dt = DType.of(dtype)
+            inputs = tuple(Tensor._wrap(np.zeros(tuple(s), dt.numpy)) for s in sizes)
+        inputs = tuple(x if isinstance(x, Tensor) else Tensor(np.asarray(x)) for x in inputs)
+        shapes: dict[int, Any] = {}
+        handles = []
+
+        def record(mod, _args, out) -> None:  # returns None: the output stays as it is
+            shapes.setdefault(id(mod), _shapes(out))
+
+        if inputs:
+            for _, m in self.named_modules():
+                handles.append(m.register_forward_hook(record))
+            modes = [(m, m.training) for m in self.modules()]
+            self.eval()
+            try:
+                with no_grad():
+                    self(*inputs)
+            finally:
+                for h in handles:
+                    h.remove()
+                for m, mode in modes:
+                    object.__setattr__(m, "training", mode)
+        rows = []
+        for name, m in self.named_modules():
+            level = name.count(".") + 1 if name else 0
+            if depth is not None and level > depth:
+                continue
+            count = sum(p.numel() for p in m.parameters())
+            rows.append(SummaryRow(name, type(m).__name__, level, shapes.get(id(m)), count))
+        params = list(self.parameters())
+        total = sum(p.numel() for p in params)
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        return ModelSummary(rows, total, trainable, sum(b.numel() for b in self.buffers()
+                                                        if b is not None))
+
     # repr --------------------------------------------------------------------------------------
     def extra_repr(self) -> str:
         return ""
@@ -303,3 +426,50 @@ class Module:
         if not lines:
             return head + ")"
         return head + "\n" + "\n".join(lines) + "\n)"
+
+
+def _shapes(out):
+    if isinstance(out, Tensor):
+        return list(out.shape)
+    if isinstance(out, (tuple, list)):
+        return [_shapes(o) for o in out]
+    return None
+
+
+class SummaryRow(NamedTuple):
+    name: str  # dotted name, "" for the model itself
+    kind: str  # class name
+    depth: int
+    output_shape: Any  # a list of ints, a list of those for several outputs, or None
+    params: int  # parameters of this module and its children
+
+
+class ModelSummary(NamedTuple):
+    """``Module.summary()``'s result; ``str()`` gives the table."""
+
+    rows: list[SummaryRow]
+    total_params: int
+    trainable_params: int
+    buffer_elements: int
+
+    @property
+    def non_trainable_params(self) -> int:
+        return self.total_params - self.trainable_params
+
+    def __str__(self) -> str:
+        table = [("Layer (type)", "Output shape", "Param #")]
+        for r in self.rows:
+            label = "  " * r.depth + (f"{r.name} ({r.kind})" if r.name else r.kind)
+            shape = "--" if r.output_shape is None else str(r.output_shape)
+            table.append((label, shape, f"{r.params:,}"))
+        widths = [max(len(row[i]) for row in table) for i in range(3)]
+        rule = "=" * (sum(widths) + 4)
+        lines = [rule]
+        for i, (a, b, c) in enumerate(table):
+            lines.append(f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}")
+            if i == 0:
+                lines.append(rule)
+        lines += [rule, f"Total params: {self.total_params:,}",
+                  f"Trainable params: {self.trainable_params:,}",
+                  f"Non-trainable params: {self.non_trainable_params:,}", rule]
+        return "\n".join(lines)
