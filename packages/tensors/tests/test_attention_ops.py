@@ -339,3 +339,24 @@ def test_linear_attention_gated_delta_matches_a_torch_recurrence():
     want = torch.stack(outs, 2).transpose(1, 2).reshape(b, t, -1)
     np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(state.numpy(), s.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_eager_calls_refuse_what_the_shape_rule_refuses():
+    """Eager dispatch checks shape rules once per dtype signature, so the kernels check the
+    attribute values and input combinations themselves."""
+    x = _t(np.zeros((1, 1, 2, 4)))
+    with pytest.raises(ShapeError, match="nonpad_kv_seqlen cannot be combined"):
+        _attention(x, x, x, None, x, x, _t(np.array([2])))
+    with pytest.raises(DTypeError, match="softmax_precision"):
+        _attention(x, x, x, softmax_precision=3)
+    with pytest.raises(ShapeError, match="left_window_size"):
+        _attention(x, x, x, left_window_size=-2)
+    q = _t(np.zeros((1, 2, 4), np.float32))
+    with pytest.raises(ShapeError, match="takes no decay input"):
+        dispatch("LinearAttention", [q, q, q, None, q],
+                 {"q_num_heads": 1, "kv_num_heads": 1, "update_rule": "linear"})
+    with pytest.raises(ShapeError, match="activation must be"):
+        dispatch("CausalConvWithState", [q, _t(np.zeros((1, 1, 2), np.float32))],
+                 {"activation": "relu"})
+    with pytest.raises(ShapeError, match="mode must be"):
+        dispatch("TensorScatter", [q, q], {"mode": "wrap"})

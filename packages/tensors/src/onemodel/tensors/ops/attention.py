@@ -107,16 +107,10 @@ def _attention_geometry(specs, q_num_heads, kv_num_heads):
     return q.shape[0], hq, hkv, sq, skv, d, dv
 
 
-def _attention_shape(specs, *, is_causal=0, kv_num_heads=None, q_num_heads=None,
-                     qk_matmul_output_mode=0, scale=None, softcap=0.0, softmax_precision=None,
-                     left_window_size=-1, right_window_size=-1):
-    specs = list(specs) + [None] * (7 - len(specs))
-    q, k, v, mask, past_k, past_v, nonpad = specs
-    t1 = _float("Q", q)
-    if k.dtype is not t1:
-        raise DTypeError(f"K must have Q's dtype {t1.name}, got {k.dtype.name}")
-    t2 = _float("V", v)
-    b, hq, hkv, sq, skv, d, dv = _attention_geometry(specs, q_num_heads, kv_num_heads)
+def _attention_checks(past_k, past_v, nonpad, qk_matmul_output_mode, softmax_precision,
+                      left_window_size, right_window_size) -> None:
+    """What the kernel checks too (eager calls check shape rules once per dtype signature):
+    attribute values and which optional inputs go together."""
     if qk_matmul_output_mode not in (0, 1, 2, 3):
         raise ShapeError(f"qk_matmul_output_mode must be 0, 1, 2 or 3, got "
                          f"{qk_matmul_output_mode}")
@@ -129,11 +123,25 @@ def _attention_shape(specs, *, is_causal=0, kv_num_heads=None, q_num_heads=None,
             raise ShapeError(f"{name} must be -1 (unbounded) or >= 0, got {w}")
     if (past_k is None) != (past_v is None):
         raise ShapeError("past_key and past_value must be given together")
+    if past_k is not None and nonpad is not None:
+        raise ShapeError("nonpad_kv_seqlen cannot be combined with past_key/past_value; "
+                         "use one KV-cache form")
+
+
+def _attention_shape(specs, *, is_causal=0, kv_num_heads=None, q_num_heads=None,
+                     qk_matmul_output_mode=0, scale=None, softcap=0.0, softmax_precision=None,
+                     left_window_size=-1, right_window_size=-1):
+    specs = list(specs) + [None] * (7 - len(specs))
+    q, k, v, mask, past_k, past_v, nonpad = specs
+    t1 = _float("Q", q)
+    if k.dtype is not t1:
+        raise DTypeError(f"K must have Q's dtype {t1.name}, got {k.dtype.name}")
+    t2 = _float("V", v)
+    b, hq, hkv, sq, skv, d, dv = _attention_geometry(specs, q_num_heads, kv_num_heads)
+    _attention_checks(past_k, past_v, nonpad, qk_matmul_output_mode, softmax_precision,
+                      left_window_size, right_window_size)
     total: Dim = skv
     if past_k is not None:
-        if nonpad is not None:
-            raise ShapeError("nonpad_kv_seqlen cannot be combined with past_key/past_value; "
-                             "use one KV-cache form")
         _rank("past_key", past_k, (4,))
         _rank("past_value", past_v, (4,))
         if past_k.dtype is not t1 or past_v.dtype is not t2:
@@ -217,6 +225,8 @@ def _attention_bias(mask, dtype, q_len, kv_len, is_causal, offset, left, right, 
     if nonpad is not None:
         valid = np.arange(kv_len) < nonpad.reshape(-1, 1, 1, 1)
         allowed = valid if allowed is None else allowed & valid
+    if mask is not None and mask.dtype != np.bool_ and mask.dtype.kind != "f":
+        mask = mask.astype(dtype)  # an integer (or bfloat16) mask is an additive bias
     if mask is not None and mask.shape[-1] < kv_len:  # a shorter mask: the rest is masked
         widths = [(0, 0)] * (mask.ndim - 1) + [(0, kv_len - mask.shape[-1])]
         fill = False if mask.dtype == np.bool_ else -np.inf
@@ -229,8 +239,6 @@ def _attention_bias(mask, dtype, q_len, kv_len, is_causal, offset, left, right, 
         return np.where(allowed, dtype.type(0), ninf)
     if mask.dtype.kind == "f" and dtype.kind == "f":
         mask = mask.astype(np.result_type(dtype, mask.dtype), copy=False)
-    else:
-        mask = mask.astype(dtype)
     return mask if allowed is None else np.where(allowed, mask, mask.dtype.type(-np.inf))
 
 
@@ -245,7 +253,7 @@ def _attention_parts(Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen,
         q, k, v = Q, K, V
     scale = a["scale"]
     if scale is None:
-        scale = 1 / math.sqrt(q.shape[3])
+        scale = 1 / math.sqrt(q.shape[3]) if q.shape[3] else 1.0  # no features: scores are 0
     s = Q.dtype.type(np.sqrt(scale))
     if past_key is not None:
         k = np.concatenate((past_key, k), axis=2)
@@ -269,6 +277,9 @@ def _grouped_matmul(x: np.ndarray, kv: np.ndarray) -> np.ndarray:
     hkv = kv.shape[1]
     if h == hkv:
         return np.matmul(x, kv)
+    if hkv == 0 or h % hkv:
+        raise ShapeError(f"Attention: the {h} query heads must be a multiple of the {hkv} "
+                         "key/value heads")
     x5 = x.reshape(b, hkv, h // hkv, *x.shape[2:])
     out = np.matmul(x5, kv[:, :, None])
     return out.reshape(b, h, *out.shape[3:])
@@ -326,7 +337,9 @@ def _attention_grad(ctx, gy, g_present_k, g_present_v, g_qk):
         q, k, v = Q, K, V
         b, hq, sq = Q.shape[0], Q.shape[1], Q.shape[2]
         hkv = K.shape[1]
-    scale = a["scale"] if a["scale"] is not None else 1 / math.sqrt(q.shape[3])
+    scale = a["scale"]
+    if scale is None:
+        scale = 1 / math.sqrt(q.shape[3]) if q.shape[3] else 1.0
     past = 0 if past_k is None else past_k.shape[2]
     kf = k if past_k is None else concat([past_k, k], axis=2)
     vf = v if past_v is None else concat([past_v, v], axis=2)
@@ -401,6 +414,8 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     """ONNX Attention (opsets 23-25): softmax(Q K^T * scale, soft-capped, + mask) V with
     grouped-query heads, causal and sliding-window masks, an in-op KV cache (past/present) or an
     external one (``nonpad_kv_seqlen``). A query row with no key allowed gives zeros."""
+    _attention_checks(past_key, past_value, nonpad_kv_seqlen, qk_matmul_output_mode,
+                      softmax_precision, left_window_size, right_window_size)
     a = dict(is_causal=is_causal, q_num_heads=q_num_heads, kv_num_heads=kv_num_heads,
              scale=scale, left_window_size=left_window_size, right_window_size=right_window_size)
     _, k, v, bias, _, raw = _attention_parts(Q, K, V, attn_mask, past_key, past_value,
@@ -608,6 +623,8 @@ def tensor_scatter(past_cache, update, write_indices=None, *, axis=-2, mode="lin
     """Write ``update`` into a copy of ``past_cache`` along the sequence ``axis``, from each batch
     row's write index on (wrapping around the cache when ``mode`` is circular): a KV-cache
     update (ONNX TensorScatter, opset 24)."""
+    if mode not in ("linear", "circular"):
+        raise ShapeError(f"TensorScatter: mode must be 'linear' or 'circular', got {mode!r}")
     ax = axis % past_cache.ndim
     b, size, n = past_cache.shape[0], past_cache.shape[ax], update.shape[ax]
     start = (np.zeros(b, np.int64) if write_indices is None
@@ -630,11 +647,9 @@ def tensor_scatter(past_cache, update, write_indices=None, *, axis=-2, mode="lin
 _UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
 
 
-def _linear_attention_shape(specs, *, chunk_size=64, kv_num_heads=None, q_num_heads=None,
-                            scale=0.0, update_rule="gated_delta"):
-    specs = list(specs) + [None] * (6 - len(specs))
-    q, k, v, past, decay, beta = specs
-    dt = _floats([q, k, v, decay, beta], ("query", "key", "value", "decay", "beta"))
+def _linear_attention_checks(update_rule, q_num_heads, kv_num_heads, decay, beta):
+    """The update rule, the head counts and which of decay/beta the rule takes (the kernel checks
+    them too: eager calls check shape rules once per dtype signature)."""
     if update_rule not in _UPDATE_RULES:
         raise ShapeError(f"update_rule must be one of {', '.join(_UPDATE_RULES)}, got "
                          f"{update_rule!r}")
@@ -642,6 +657,22 @@ def _linear_attention_shape(specs, *, chunk_size=64, kv_num_heads=None, q_num_he
     hkv = _num_heads("kv_num_heads", kv_num_heads)
     if hq % hkv:
         raise ShapeError(f"q_num_heads {hq} must be a multiple of kv_num_heads {hkv}")
+    gated = update_rule in ("gated", "gated_delta")
+    delta = update_rule in ("delta", "gated_delta")
+    for name, given, needed in (("decay", decay, gated), ("beta", beta, delta)):
+        if needed and given is None:
+            raise ShapeError(f"update_rule {update_rule!r} needs the {name} input")
+        if not needed and given is not None:
+            raise ShapeError(f"update_rule {update_rule!r} takes no {name} input")
+    return hq, hkv
+
+
+def _linear_attention_shape(specs, *, chunk_size=64, kv_num_heads=None, q_num_heads=None,
+                            scale=0.0, update_rule="gated_delta"):
+    specs = list(specs) + [None] * (6 - len(specs))
+    q, k, v, past, decay, beta = specs
+    dt = _floats([q, k, v, decay, beta], ("query", "key", "value", "decay", "beta"))
+    hq, hkv = _linear_attention_checks(update_rule, q_num_heads, kv_num_heads, decay, beta)
     for name, s in (("query", q), ("key", k), ("value", v)):
         _rank(name, s, (3,))
         _same(f"{name}'s batch size and query's", s.shape[0], q.shape[0])
@@ -650,13 +681,6 @@ def _linear_attention_shape(specs, *, chunk_size=64, kv_num_heads=None, q_num_he
     dk = _split_heads("query", q.shape[2], hq)
     _same("key's hidden size and kv_num_heads * head size", k.shape[2], mul(dk, hkv))
     dv = _split_heads("value", v.shape[2], hkv)
-    gated = update_rule in ("gated", "gated_delta")
-    delta = update_rule in ("delta", "gated_delta")
-    for name, s, needed in (("decay", decay, gated), ("beta", beta, delta)):
-        if needed and s is None:
-            raise ShapeError(f"update_rule {update_rule!r} needs the {name} input")
-        if not needed and s is not None:
-            raise ShapeError(f"update_rule {update_rule!r} takes no {name} input")
     if decay is not None:
         _rank("decay", decay, (3,))
         last = decay.shape[2]
@@ -690,8 +714,8 @@ def linear_attention(query, key, value, past_state=None, decay=None, beta=None, 
     token by the linear, gated (decay), delta (beta) or gated-delta rule, read by each query:
     o_t = scale * q_t^T S_t. Computed token by token in float32 (``chunk_size`` is a tuning
     hint of chunked implementations; it does not change the result)."""
+    hq, hkv = _linear_attention_checks(update_rule, q_num_heads, kv_num_heads, decay, beta)
     b, t, _ = query.shape
-    hq, hkv = int(q_num_heads), int(kv_num_heads)
     group = hq // hkv
     q = _to_heads(query, hq).astype(np.float32)
     k = _to_heads(key, hkv).astype(np.float32)
@@ -706,7 +730,7 @@ def linear_attention(query, key, value, past_state=None, decay=None, beta=None, 
         be = beta.reshape(b, t, beta.shape[2], 1).transpose(0, 2, 1, 3).astype(np.float32)
     state = (np.zeros((b, hkv, dk, dv), np.float32) if past_state is None
              else past_state.astype(np.float32))
-    factor = np.float32(scale if scale else 1 / math.sqrt(dk))
+    factor = np.float32(scale if scale else (1 / math.sqrt(dk) if dk else 1.0))
     out = np.empty((b, hq, t, dv), np.float32)
     for i in range(t):
         if decay is not None:
@@ -754,6 +778,9 @@ def causal_conv_with_state(input, weight, bias=None, past_state=None, *, activat
     """ONNX CausalConvWithState (opset 27): a depthwise causal 1-D convolution over
     (batch, channels, length) whose left context is ``past_state`` (zeros when omitted), with an
     optional fused SiLU; ``present_state`` is the last k - 1 positions, for the next call."""
+    if activation not in ("none", "silu", "swish"):
+        raise ShapeError(f"CausalConvWithState: activation must be 'none', 'silu' or 'swish', "
+                         f"got {activation!r}")
     b, c, _ = input.shape
     k = weight.shape[2]
     pad = np.zeros((b, c, k - 1), input.dtype) if past_state is None else past_state
