@@ -21,7 +21,6 @@ from operator import itemgetter
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec, registry
 from onemodel.tensors.ops import OPS
@@ -388,8 +387,8 @@ def _choose_kernel(n, in_specs):
 
 def _fake(spec: TensorSpec) -> np.ndarray:
     """A zero-strided array with the spec's shape and dtype, for ``supports`` checks."""
-    return as_strided(np.zeros(1, spec.dtype.numpy), shape=spec.shape,
-                      strides=(0,) * len(spec.shape), writeable=False)
+    # broadcast_to, not as_strided: the array interface cannot name ml_dtypes' float8 types
+    return np.broadcast_to(np.zeros((), spec.dtype.numpy), spec.shape)
 
 
 def _specs_text(in_specs) -> str:

@@ -343,7 +343,7 @@ def _cast_grad(ctx, g):
     return g.cast(src) if src.is_floating else None
 
 
-def _cast_shape(specs, *, to):
+def _cast_shape(specs, *, to, saturate=1, round_mode="up"):
     return TensorSpec(specs[0].shape, DType.of(to))
 
 
@@ -356,9 +356,11 @@ def _cast_to(node: ImportNode) -> None:
 
 
 @defop("Cast", symbolic_value=first_value, shape=_cast_shape, grad=_cast_grad)
-def cast(input, *, to=DType.F32):
-    """``to`` is a DType (its ONNX number when exported)."""
-    return input.astype(DType.of(to).numpy)
+def cast(input, *, to=DType.F32, saturate=1, round_mode="up"):
+    """``to`` is a DType (its ONNX number when exported). ONNX Cast-25 semantics for every
+    DType: round to nearest even, ``saturate`` for the 8-bit floats, ``round_mode`` for E8M0
+    (see ``dtype.cast_array``)."""
+    return DType.of(to).convert(input, bool(saturate), round_mode)
 
 
 def _dropout_shape(specs, *, seed=None):

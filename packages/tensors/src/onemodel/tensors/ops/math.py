@@ -208,16 +208,16 @@ def is_inf(X, *, detect_negative=1, detect_positive=1):
     return out
 
 
-def _cast_like_shape(specs, *, saturate=1):
+def _cast_like_shape(specs, *, saturate=1, round_mode="up"):
     if specs[1] is None:
         raise DTypeError("CastLike needs target_type")
     return TensorSpec(specs[0].shape, specs[1].dtype)
 
 
 @defop("CastLike", shape=_cast_like_shape)
-def cast_like(input, target_type, *, saturate=1):
-    """Cast ``input`` to the element type of ``target_type``."""
-    return input.astype(target_type.dtype)
+def cast_like(input, target_type, *, saturate=1, round_mode="up"):
+    """Cast ``input`` to the element type of ``target_type`` (Cast's rules)."""
+    return DType.from_numpy(target_type.dtype).convert(input, bool(saturate), round_mode)
 
 
 # CumProd, Det -------------------------------------------------------------------------------
