@@ -276,13 +276,14 @@ def _grouped_matmul(x: np.ndarray, kv: np.ndarray) -> np.ndarray:
     b, h = x.shape[:2]
     hkv = kv.shape[1]
     if h == hkv:
-        return np.matmul(x, kv)
-    if hkv == 0 or h % hkv:
+        out = np.matmul(x, kv)
+    elif hkv == 0 or h % hkv:
         raise ShapeError(f"Attention: the {h} query heads must be a multiple of the {hkv} "
                          "key/value heads")
-    x5 = x.reshape(b, hkv, h // hkv, *x.shape[2:])
-    out = np.matmul(x5, kv[:, :, None])
-    return out.reshape(b, h, *out.shape[3:])
+    else:
+        out = np.matmul(x.reshape(b, hkv, h // hkv, *x.shape[2:]), kv[:, :, None])
+        out = out.reshape(b, h, *out.shape[3:])
+    return out.astype(x.dtype, copy=False)  # numpy gives float32 for bfloat16: round back
 
 
 def _probabilities(x: np.ndarray, bias, softmax_precision) -> np.ndarray:
