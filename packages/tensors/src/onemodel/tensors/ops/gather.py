@@ -217,3 +217,14 @@ def _einsum_shape(specs, *, equation=""):
 @defop("Einsum", shape=_einsum_shape)
 def einsum(*Inputs, equation=""):
     return np.asarray(np.einsum(equation, *Inputs)).astype(Inputs[0].dtype, copy=False)
+
+
+# Scatter (deprecated) ------------------------------------------------------------------------
+
+@defop("Scatter", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype))
+def scatter(data, indices, updates, *, axis=0):
+    """ONNX Scatter (opsets 9-10, deprecated): ScatterElements without a reduction."""
+    if indices.shape != updates.shape:
+        raise ShapeError(f"Scatter indices {list(indices.shape)} and updates "
+                         f"{list(updates.shape)} must have one shape")
+    return scatter_elements.kernel(data, indices, updates, axis=axis)

@@ -13,7 +13,7 @@ from ..errors import ShapeError
 from ..symbolic import add, floordiv, format_shape, mul
 from ._grad import call
 from .adapters import ImportNode, onnx_adapter
-from .base import TensorSpec, defop, norm_axis, same_dtype
+from .base import TensorSpec, const_ints, defop, norm_axis, same_dtype
 
 # window geometry shared by convolution and pooling -----------------------------------------------
 
@@ -703,3 +703,246 @@ def log_softmax(input, *, axis=-1):
         return np.empty_like(input)
     shifted = input - input.max(axis=axis, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+# Lp pooling and normalization, group/instance/mean-variance normalization, MaxUnpool ---------
+
+def _lp_pool_shape(specs, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(),
+                   p=2, pads=None, strides=None):
+    same_dtype(specs, FLOATING)
+    return _pool_shape(specs, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
+                       kernel_shape=kernel_shape, pads=pads, strides=strides)
+
+
+@defop("LpPool", shape=_lp_pool_shape)
+def lp_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(), p=2,
+            pads=None, strides=None):
+    """ONNX LpPool: the p-norm of each window, (sum |x|^p)^(1/p); padding adds nothing."""
+    k, s, pb, pe, d, out_sp, _ = _pool_setup(X, kernel_shape, strides, pads, dilations, auto_pad,
+                                             ceil_mode)
+    x = np.abs(X.astype(np.float32) if X.dtype == np.float16 else X)
+    powered = x * x if p == 2 else x if p == 1 else x ** p
+    total = _window_sum(_pad_spatial(powered, pb, pe), k, s, d, out_sp)
+    out = np.sqrt(total) if p == 2 else total if p == 1 else total ** (1.0 / p)
+    return out.astype(X.dtype, copy=False)
+
+
+def _lp_norm_shape(specs, *, axis=-1, p=2):
+    x = specs[0]
+    dt = same_dtype(specs, FLOATING)
+    norm_axis(axis, len(x.shape))
+    if p not in (1, 2):
+        raise ShapeError(f"LpNormalization supports p = 1 or 2, got {p}")
+    return TensorSpec(x.shape, dt)
+
+
+def _lp_norm_grad(ctx, g):
+    x = ctx.inputs[0]
+    a, p = ctx.attrs["axis"], ctx.attrs["p"]
+    y = ctx.outputs[0]
+    if p == 2:
+        norm = (x * x).sum(axis=a, keepdims=True).sqrt()
+        direction = y
+    else:
+        norm = x.abs().sum(axis=a, keepdims=True)
+        direction = call("Sign", x)
+    # d(x / n) = (g - direction * sum(g * y)) / n, and 0 where the norm is 0 (as the output)
+    safe = call("Where", norm == 0, norm + 1, norm)
+    gx = (g - direction * (g * y).sum(axis=a, keepdims=True)) / safe
+    return call("Where", norm == 0, gx * 0, gx)
+
+
+@defop("LpNormalization", shape=_lp_norm_shape, grad=_lp_norm_grad)
+def lp_normalization(input, *, axis=-1, p=2):
+    """ONNX LpNormalization: ``input`` divided by its L1 or L2 norm along ``axis`` (0 where the
+    norm is 0)."""
+    x = input.astype(np.float32) if input.dtype == np.float16 else input
+    norm = (np.sqrt(np.sum(x * x, axis=axis, keepdims=True)) if p == 2
+            else np.sum(np.abs(x), axis=axis, keepdims=True))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(norm == 0, 0, x / norm)
+    return out.astype(input.dtype, copy=False)
+
+
+def _grouped_norm_shape(x, params, what):
+    if len(x.shape) < 2:
+        raise ShapeError(f"{what} needs an input (N, C, ...), got rank {len(x.shape)}")
+    c = x.shape[1]
+    for name, p in params:
+        if len(p.shape) != 1 or (isinstance(c, int) and isinstance(p.shape[0], int)
+                                 and p.shape[0] != c):
+            raise ShapeError(f"{name} has shape {format_shape(p.shape)}; it must be [{c}], one "
+                             "value per channel")
+
+
+def _group_stats(x, groups, epsilon):
+    """(N, G, rest) view of ``x``, its mean and inverse standard deviation per group."""
+    xg = x.reshape(x.shape[0], groups, -1) if x.size else x.reshape(x.shape[0], groups, 0)
+    mean = xg.mean(axis=2, keepdims=True)
+    xc = xg - mean
+    var = (xc * xc).mean(axis=2, keepdims=True)
+    return xc, 1 / np.sqrt(var + np.asarray(epsilon, x.dtype))
+
+
+def _grouped_norm(X, scale, bias, groups, epsilon, stash):
+    x = X.astype(stash, copy=False)
+    xc, inv = _group_stats(x, groups, epsilon)
+    xhat = (xc * inv).reshape(X.shape).astype(X.dtype, copy=False)
+    shape = (1, -1) + (1,) * (X.ndim - 2)
+    return (xhat * scale.reshape(shape) + bias.reshape(shape)).astype(X.dtype, copy=False)
+
+
+def _grouped_norm_grad(ctx, g, groups):
+    """Gradients of a group normalization (groups of channels; one group per channel for
+    instance normalization), written with other ops."""
+    x, scale, bias = ctx.inputs
+    eps = ctx.attrs["epsilon"]
+    n = x.shape[0]
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    xg = x.reshape(n, groups, -1)
+    mean = xg.mean(axis=2, keepdims=True)
+    xc = xg - mean
+    rstd = ((xc * xc).mean(axis=2, keepdims=True) + eps) ** -0.5
+    xhat = xc * rstd
+    axes = (0, *range(2, x.ndim))
+    gx = None
+    if x.requires_grad:
+        dxhat = (g * scale.reshape(*shape)).reshape(n, groups, -1)
+        gx = ((dxhat - dxhat.mean(axis=2, keepdims=True)
+               - xhat * (dxhat * xhat).mean(axis=2, keepdims=True)) * rstd).reshape(*x.shape)
+    gscale = (g * xhat.reshape(*x.shape)).sum(axis=axes) if scale.requires_grad else None
+    gbias = g.sum(axis=axes) if bias.requires_grad else None
+    return gx, gscale, gbias
+
+
+def _group_norm_shape(specs, *, epsilon=1e-5, num_groups=None, stash_type=1):
+    x = specs[0]
+    dt = same_dtype(specs, FLOATING)
+    _grouped_norm_shape(x, [("scale", specs[1]), ("bias", specs[2])], "GroupNormalization")
+    if num_groups is None or num_groups < 1:
+        raise ShapeError(f"GroupNormalization needs num_groups >= 1, got {num_groups}")
+    c = x.shape[1]
+    if isinstance(c, int) and c % num_groups:
+        raise ShapeError(f"{c} channels do not split into {num_groups} groups")
+    return TensorSpec(x.shape, dt)
+
+
+@defop("GroupNormalization", shape=_group_norm_shape,
+       grad=lambda ctx, g: _grouped_norm_grad(ctx, g, ctx.attrs["num_groups"]))
+def group_normalization(X, scale, bias, *, epsilon=1e-5, num_groups=None, stash_type=1):
+    """ONNX GroupNormalization (opset 21): each group of C / num_groups channels normalized per
+    instance, then a per-channel ``scale`` and ``bias``; statistics in float32 when
+    ``stash_type`` is 1."""
+    if X.shape[1] % num_groups:
+        raise ShapeError(f"{X.shape[1]} channels do not split into {num_groups} groups")
+    stash = np.float32 if stash_type == 1 and X.dtype == np.float16 else X.dtype
+    return _grouped_norm(X, scale, bias, num_groups, epsilon, stash)
+
+
+def _instance_norm_shape(specs, *, epsilon=1e-5):
+    dt = same_dtype(specs, FLOATING)
+    _grouped_norm_shape(specs[0], [("scale", specs[1]), ("B", specs[2])],
+                        "InstanceNormalization")
+    return TensorSpec(specs[0].shape, dt)
+
+
+@defop("InstanceNormalization", shape=_instance_norm_shape,
+       grad=lambda ctx, g: _grouped_norm_grad(ctx, g, ctx.inputs[0].shape[1]))
+def instance_normalization(input, scale, B, *, epsilon=1e-5):
+    """ONNX InstanceNormalization: each channel of each instance normalized over its spatial
+    axes, then a per-channel ``scale`` and bias ``B``."""
+    stash = np.float32 if input.dtype == np.float16 else input.dtype
+    return _grouped_norm(input, scale, B, input.shape[1], epsilon, stash)
+
+
+def _mvn_shape(specs, *, axes=(0, 2, 3)):
+    x = specs[0]
+    dt = same_dtype(specs, FLOATING)
+    red = [norm_axis(int(a), len(x.shape)) for a in axes]
+    if len(set(red)) != len(red):
+        raise ShapeError(f"MeanVarianceNormalization axes {list(axes)} repeat an axis")
+    return TensorSpec(x.shape, dt)
+
+
+def _mvn_grad(ctx, g):
+    x = ctx.inputs[0]
+    axes = tuple(a % x.ndim for a in ctx.attrs["axes"])
+    mean = x.mean(axis=axes, keepdims=True)
+    xc = x - mean
+    std = (xc * xc).mean(axis=axes, keepdims=True).sqrt()
+    d = std + 1e-9
+    # y = xc / d: dy/dx = (g - mean(g)) / d - xc * mean(g * xc) / (std * d^2)
+    inner = (g * xc).mean(axis=axes, keepdims=True)
+    safe = call("Where", std == 0, std + 1, std)
+    return (g - g.mean(axis=axes, keepdims=True)) / d - xc * inner / (safe * d * d)
+
+
+@defop("MeanVarianceNormalization", shape=_mvn_shape, grad=_mvn_grad)
+def mean_variance_normalization(X, *, axes=(0, 2, 3)):
+    """ONNX MeanVarianceNormalization: (X - E[X]) / (sqrt(Var[X]) + 1e-9) over ``axes`` (the
+    epsilon of ONNX's function body)."""
+    ax = tuple(int(a) % X.ndim for a in axes)
+    x = X.astype(np.float32) if X.dtype == np.float16 else X
+    xc = x - x.mean(axis=ax, keepdims=True)
+    std = np.sqrt((xc * xc).mean(axis=ax, keepdims=True))
+    return (xc / (std + np.asarray(1e-9, x.dtype))).astype(X.dtype, copy=False)
+
+
+def _unpool_size(dim, k, s, pb, pe):
+    return add(mul(add(dim, -1), s), k - pb - pe)
+
+
+def _max_unpool_shape(specs, *, kernel_shape=(), pads=None, strides=None):
+    x, idx = specs[0], specs[1]
+    same_dtype(specs[:1], NUMERIC)
+    if idx.dtype is not DType.I64:
+        raise ShapeError(f"MaxUnpool indices must be I64, got {idx.dtype.name}")
+    nd = len(x.shape) - 2
+    if len(kernel_shape) != nd or nd < 1:
+        raise ShapeError(f"kernel_shape {list(kernel_shape)} does not match {nd} spatial axes")
+    target = specs[2] if len(specs) > 2 else None
+    if target is not None:
+        shape = const_ints(target, "the MaxUnpool output_shape")
+        if len(shape) != len(x.shape):
+            raise ShapeError(f"output_shape {list(shape)} must have rank {len(x.shape)}")
+        return TensorSpec(tuple(shape), x.dtype)
+    s = strides or (1,) * nd
+    p = pads or (0,) * (2 * nd)
+    out = [_unpool_size(x.shape[2 + i], kernel_shape[i], s[i], p[i], p[i + nd])
+           for i in range(nd)]
+    return TensorSpec((x.shape[0], x.shape[1], *out), x.dtype)
+
+
+@defop("MaxUnpool", shape=_max_unpool_shape, static=("output_shape",))
+def max_unpool(X, I, output_shape=None, *, kernel_shape=(), pads=None, strides=None):
+    """ONNX MaxUnpool: zeros with each value of ``X`` written at its flat index ``I`` in the
+    unpooled tensor (N, C, (in - 1) * stride - pads + kernel, ...). A larger ``output_shape``
+    pads that tensor with zeros at the end of each axis, as ONNX's reference and expected
+    outputs do (indices are not re-read against ``output_shape``)."""
+    nd = X.ndim - 2
+    s = strides or (1,) * nd
+    p = pads or (0,) * (2 * nd)
+    inferred = X.shape[:2] + tuple(
+        (X.shape[2 + i] - 1) * s[i] - p[i] - p[i + nd] + kernel_shape[i] for i in range(nd))
+    if I.shape != X.shape:
+        raise ShapeError(f"MaxUnpool indices {list(I.shape)} must have the shape of X "
+                         f"{list(X.shape)}")
+    total = math.prod(inferred)
+    flat = I.reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= total):
+        raise ShapeError(f"MaxUnpool indices must lie in [0, {total}) for the unpooled shape "
+                         f"{list(inferred)}")
+    y = np.zeros(total, X.dtype)
+    y[flat] = X.reshape(-1)
+    y = y.reshape(inferred)
+    if output_shape is None:
+        return y
+    shape = tuple(int(v) for v in output_shape)
+    if any(o < i for o, i in zip(shape, inferred)) or len(shape) != X.ndim:
+        raise ShapeError(f"MaxUnpool output_shape {list(shape)} is smaller than the unpooled "
+                         f"shape {list(inferred)}")
+    if shape == inferred:
+        return y
+    out = np.zeros(shape, X.dtype)
+    out[tuple(slice(0, i) for i in inferred)] = y
+    return out

@@ -595,3 +595,54 @@ def tile(input, repeats):
         raise ShapeError(f"Tile repeats {reps} must be one non-negative entry per axis of the "
                          f"rank-{input.ndim} input")
     return np.tile(input, reps)
+
+
+def _eye_like_shape(specs, *, dtype=None, k=0):
+    x = specs[0]
+    if len(x.shape) != 2:
+        raise ShapeError(f"EyeLike needs a 2-D input, got rank {len(x.shape)}")
+    return TensorSpec(x.shape, x.dtype if dtype is None else DType.of(dtype))
+
+
+@onnx_adapter("EyeLike")
+def _eye_like_dtype(node: ImportNode) -> None:
+    """``dtype`` is an ONNX element-type number in a file, a DType in the op set."""
+    if "dtype" in node.attrs:
+        node.attrs["dtype"] = node.dtype(node.attrs["dtype"])
+
+
+@defop("EyeLike", shape=_eye_like_shape)
+def eye_like(input, *, dtype=None, k=0):
+    """ONNX EyeLike: ones on diagonal ``k`` of a matrix shaped like ``input``, zeros elsewhere,
+    of element type ``dtype`` (the input's when not given)."""
+    if input.ndim != 2:
+        raise ShapeError(f"EyeLike needs a 2-D input, got rank {input.ndim}")
+    dt = input.dtype if dtype is None else DType.of(dtype).numpy
+    return np.eye(input.shape[0], input.shape[1], k=int(k), dtype=dt)
+
+
+def _reverse_sequence_shape(specs, *, batch_axis=1, time_axis=0):
+    x, lens = specs
+    if len(x.shape) < 2:
+        raise ShapeError(f"ReverseSequence needs an input of rank >= 2, got {len(x.shape)}")
+    if {batch_axis, time_axis} != {0, 1}:
+        raise ShapeError(f"batch_axis and time_axis must be 0 and 1 in some order, got "
+                         f"{batch_axis} and {time_axis}")
+    if lens.dtype is not DType.I64 or len(lens.shape) != 1:
+        raise ShapeError(f"sequence_lens must be a 1-D I64 tensor, got {lens}")
+    return TensorSpec(x.shape, x.dtype)
+
+
+@defop("ReverseSequence", shape=_reverse_sequence_shape)
+def reverse_sequence(input, sequence_lens, *, batch_axis=1, time_axis=0):
+    """ONNX ReverseSequence: along ``time_axis``, the first ``sequence_lens[b]`` elements of
+    batch entry b reversed, the rest copied."""
+    x = np.moveaxis(input, (batch_axis, time_axis), (0, 1))  # (batch, time, ...)
+    b, t = x.shape[:2]
+    lens = np.asarray(sequence_lens, np.int64).reshape(-1)
+    if lens.shape != (b,) or (lens < 0).any() or (lens > t).any():
+        raise ShapeError(f"sequence_lens {lens.tolist()} must hold {b} lengths in [0, {t}]")
+    pos = np.arange(t)
+    src = np.where(pos < lens[:, None], lens[:, None] - 1 - pos, pos)  # (batch, time)
+    out = x[np.arange(b)[:, None], src]
+    return np.ascontiguousarray(np.moveaxis(out, (0, 1), (batch_axis, time_axis)))
