@@ -360,3 +360,20 @@ def test_eager_calls_refuse_what_the_shape_rule_refuses():
                  {"activation": "relu"})
     with pytest.raises(ShapeError, match="mode must be"):
         dispatch("TensorScatter", [q, q], {"mode": "wrap"})
+
+
+def test_bfloat16_softmax_precision_rounds_like_torch():
+    from onemodel.tensors.ops.attention import _round_bf16
+
+    rng = np.random.default_rng(9)
+    x = np.concatenate([rng.standard_normal(1000) * 10.0 ** rng.integers(-30, 30, 1000),
+                        [0.0, -0.0, np.inf, -np.inf, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8]])
+    x = x.astype(np.float32)
+    want = torch.tensor(x).to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(_round_bf16(x), want)
+    q, k, v = (_rand(rng, 1, 2, 3, 4) for _ in range(3))
+    y = _attention(*(_t(a.astype(np.float32)) for a in (q, k, v)), softmax_precision=16)[0]
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float32) for a in (q, k, v))
+    p = torch.softmax((tq @ tk.transpose(-1, -2) / 2).to(torch.bfloat16).float(), -1)
+    ty = p.to(torch.bfloat16).float() @ tv
+    np.testing.assert_allclose(y.numpy(), ty.numpy(), rtol=1e-6, atol=1e-6)
