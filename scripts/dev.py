@@ -36,6 +36,9 @@ DISTRIBUTIONS = [
     "packages/distributed",
     "packages/onemodel",
 ]
+# out-of-tree examples the tests install like third-party packages (not released, not in the
+# plugin matrix): the "sim" device backend of integration-tests/backends
+EXAMPLES = ["integration-tests/backends/sim"]
 # torch: the CPU build that lies on this machine's disk; never ask for another version.
 TEST_TOOLS = ["torch==2.13.0", "onnxruntime", "pytest>=8", "pytest-xdist>=3", "ruff>=0.6",
               # PyTorch's safetensors writer/reader, the oracle of the weights-interop tests
@@ -56,7 +59,8 @@ def python() -> str:
 
 def _fingerprint() -> str:
     h = hashlib.sha256()
-    for path in sorted([Path(__file__), *(ROOT / d / "pyproject.toml" for d in DISTRIBUTIONS)]):
+    for path in sorted([Path(__file__),
+                        *(ROOT / d / "pyproject.toml" for d in DISTRIBUTIONS + EXAMPLES)]):
         h.update(path.read_bytes())
     h.update(" ".join(TEST_TOOLS).encode())
     return h.hexdigest()
@@ -73,7 +77,7 @@ def ensure_environment() -> None:
         venv.create(VENV, with_pip=True)
     print("installing the OneModel distributions (editable) and the test tools", flush=True)
     cmd = [python(), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    for d in DISTRIBUTIONS:
+    for d in DISTRIBUTIONS + EXAMPLES:
         cmd += ["-e", str(ROOT / d)]
     subprocess.run(cmd + TEST_TOOLS, check=True)
     STAMP.write_text(want)

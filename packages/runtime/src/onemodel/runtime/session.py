@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onemodel.tensors import DimExpr, DType, OneModelError, Tensor, registry
+from onemodel.tensors import DimExpr, DType, OneModelError, Tensor, devices, registry
 from onemodel.tensors import threads as _threads
 
 from .graph import Graph
 from .passes import PassManager
+from .placement import place
 from .plancache import CacheInfo, PlanCache
 from .planner import Plan, make_plan
 from .profiling import Profiler
@@ -46,10 +47,16 @@ class Session:
     (see :meth:`end_profiling` and :meth:`profile_summary`).
 
     ``max_plans`` and ``max_plan_bytes`` bound the plan cache (least recently used plans go
-    first); a plan bigger than ``max_plan_bytes`` on its own runs but is not kept."""
+    first); a plan bigger than ``max_plan_bytes`` on its own runs but is not kept.
+
+    ``device`` (``"cpu"``, or a device a backend plugin registers, such as ``"cuda"``) is where
+    the plans run: initializers are placed there once, feeds move there at each run, and
+    outputs come back to host memory, or stay on the device as Tensors of that device with
+    ``outputs_on_device=True`` (see ``onemodel.runtime.placement``)."""
 
     def __init__(self, graph: Graph, *, optimize: bool = True, threads: int | None = None,
-                 optimization_level: str = "all", profile: bool = False):
+                 optimization_level: str = "all", profile: bool = False, device: str = "cpu",
+                 outputs_on_device: bool = False):
         if optimization_level not in OPTIMIZATION_LEVELS:
             raise OneModelError(f"optimization_level must be one of {', '.join(OPTIMIZATION_LEVELS)}"
                                 f", not {optimization_level!r}")
@@ -75,6 +82,9 @@ class Session:
         self._output_names = [v.name for v in self.graph.outputs]
         self._plans = PlanCache()
         self._profiler = Profiler() if profile else None
+        self.device = devices.normalize(device)
+        devices.get_device(self.device)  # an unknown device fails here, naming it
+        self._keep_on_device = bool(outputs_on_device) and self.device != "cpu"
 
     @property
     def max_plans(self) -> int:
@@ -101,11 +111,13 @@ class Session:
     @classmethod
     def load(cls, path_or_graph: str | os.PathLike | Graph, *, optimize: bool = True,
              threads: int | None = None, optimization_level: str = "all",
-             profile: bool = False) -> Session:
+             profile: bool = False, device: str = "cpu",
+             outputs_on_device: bool = False) -> Session:
         """A session over a graph, or over the graph in a file (``.onemodel``, ``.onnx``, or any
         installed format, chosen by extension and then by content). Options as for ``Session``."""
         options = {"optimize": optimize, "threads": threads,
-                   "optimization_level": optimization_level, "profile": profile}
+                   "optimization_level": optimization_level, "profile": profile,
+                   "device": device, "outputs_on_device": outputs_on_device}
         if isinstance(path_or_graph, Graph):
             return cls(path_or_graph, **options)
         from .serializers import load
@@ -158,6 +170,8 @@ class Session:
             self._profiler.record("run", "Session", start, self._profiler.now_us() - start,
                                   {"input_shapes": {k: list(a.shape) for k, a in
                                                     zip(self._inputs, arrays)}})
+        if self._keep_on_device:
+            return {name: Tensor._wrap(r, self.device) for name, r in zip(wanted, results)}
         if return_numpy:
             return dict(zip(wanted, results))
         return {name: Tensor._wrap(r) for name, r in zip(wanted, results)}
@@ -226,7 +240,10 @@ class Session:
         shapes = {v.name: a.shape for v, a in zip(self.graph.inputs, arrays)}
         values = {self.graph.inputs[i].name: np.array(arrays[i], copy=True)
                   for i in self._value_inputs}
-        return make_plan(self.graph, shapes, wanted, values, self._specs)
+        plan = make_plan(self.graph, shapes, wanted, values, self._specs)
+        if self.device == "cpu":
+            return plan
+        return place(plan, self.device, self._keep_on_device)
 
 
 _KNOWN = {d.numpy for d in DType}

@@ -100,14 +100,14 @@ class Node:
         self.op = op
         self.inputs = inputs
         self.attrs = attrs
-        self._saved = tuple((weakref.ref(o), o._data) for o in outputs)
+        self._saved = tuple((weakref.ref(o), o._data, o._device) for o in outputs)
 
     @property
     def outputs(self) -> tuple:
         out = []
-        for ref, data in self._saved:
+        for ref, data, device in self._saved:
             t = ref()
-            out.append(Tensor._wrap(data) if t is None else t)
+            out.append(Tensor._wrap(data, device) if t is None else t)
         return tuple(out)
 
     def __repr__(self) -> str:
@@ -129,9 +129,9 @@ def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
                 f"backward() without a gradient needs a one-element output, got shape "
                 f"{list(root.shape)}; pass gradient=ones_like(output) or reduce it first"
             )
-        gradient = Tensor._wrap(np.ones(root._data.shape, root._data.dtype))
+        gradient = _on_device_of(root, np.ones(root.shape, root._data.dtype))
     elif not isinstance(gradient, Tensor):
-        gradient = Tensor._wrap(np.asarray(gradient, dtype=root._data.dtype))
+        gradient = _on_device_of(root, np.asarray(gradient, dtype=root._data.dtype))
     if tuple(gradient.shape) != tuple(root.shape):
         raise AutogradError(
             f"gradient shape {list(gradient.shape)} does not match output shape {list(root.shape)}"
@@ -163,7 +163,7 @@ def backward(root: Tensor, gradient=None, *, retain_graph: bool = False,
                 )
             if len(gouts) > 1:
                 gouts = [
-                    Tensor._wrap(np.zeros_like(o._data)) if g is None else g
+                    _on_device_of(o, np.zeros(o.shape, o._data.dtype)) if g is None else g
                     for g, o in zip(gouts, node.outputs)
                 ]
             gins = node.op.grad(node, *gouts)
@@ -237,11 +237,16 @@ def _accumulate(leaf: Tensor, g: Tensor, handed: set[int]) -> None:
         return
     arr = g._data
     if leaf.grad is not None:
-        leaf.grad = Tensor._wrap(leaf.grad._data + arr)
+        leaf.grad = Tensor._wrap(leaf.grad._data + arr, leaf._device)
         return
     fresh = arr.flags.c_contiguous and arr.flags.owndata and id(arr) not in handed
     handed.add(id(arr))
-    leaf.grad = Tensor._wrap(arr if fresh else np.array(arr, copy=True, order="C"))
+    leaf.grad = Tensor._wrap(arr if fresh else arr.copy(order="C"), leaf._device)
+
+
+def _on_device_of(like: Tensor, host: np.ndarray) -> Tensor:
+    """A host array as a Tensor on ``like``'s device."""
+    return Tensor._wrap(devices.to_device(host, like._device), like._device)
 
 
 def _topological(start: Node) -> list[Node]:
@@ -273,4 +278,5 @@ def _topological(start: Node) -> list[Node]:
     return order
 
 
+from . import devices  # noqa: E402
 from .tensor import Tensor  # noqa: E402 - tensor imports dispatch, which imports this module

@@ -2,6 +2,12 @@
 
 Kernels are chosen once per (op, input dtypes) and kept in a plain dict; the registry's pluggy
 machinery is never called here. The cache drops itself when plugins change.
+
+Tensors on another device (``onemodel.tensors.devices``) take :func:`_dispatch_on_device`: the
+device's kernel for the op, or the CPU kernel with counted transfers when the device has none
+and its backend allows that. Every input must be on the call's device, except the inputs an op
+reads as sizes (``static`` inputs: axes, shapes, pads), which may stay in host memory, and 0-d
+host tensors (Python scalars), which are moved, as PyTorch moves CPU scalars.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from . import registry, trace_state
+from . import devices, registry, trace_state
 from .autograd import Node, grad_mode
 from .dtype import DType
 from .errors import OneModelError, ShapeError
@@ -37,7 +43,14 @@ def dispatch(op: str, inputs: Sequence[Tensor | None], attrs: dict[str, Any] | N
         traced = trace_state.active.record(op, inputs, attrs)
         if traced is not NotImplemented:
             return traced
-    arrays = [None if t is None else t._data for t in inputs]
+    arrays = []
+    for t in inputs:
+        if t is None:
+            arrays.append(None)
+        elif t._device == "cpu":
+            arrays.append(t._data)
+        else:
+            return _dispatch_on_device(op, inputs, attrs)
     key = (op, *[None if a is None else a.dtype for a in arrays])
     entry = _cache.get(key)
     if entry is None:
@@ -69,6 +82,8 @@ def dispatch_binary(op: str, a: Tensor, b: Tensor):
         traced = trace_state.active.record(op, (a, b), None)
         if traced is not NotImplemented:
             return traced
+    if a._device != "cpu" or b._device != "cpu":
+        return _dispatch_on_device(op, (a, b), None)
     da, db = a._data, b._data
     entry = _cache.get((op, da.dtype, db.dtype))
     if entry is None:
@@ -86,6 +101,100 @@ def dispatch_binary(op: str, a: Tensor, b: Tensor):
     if _observer is not None:
         _observer(t)
     return t
+
+
+# (op, device, dtype of each input) -> (OpDef, device kernel, or None: run on the CPU)
+_device_cache: dict[tuple, tuple[OpDef, Any]] = {}
+registry.on_change(_device_cache.clear)
+
+
+def _dispatch_on_device(op: str, inputs: Sequence[Tensor | None], attrs):
+    """:func:`dispatch` for a call with a tensor on a device other than the CPU."""
+    opdef = OPS.get(op)
+    if opdef is None:
+        raise OneModelError(f"unknown op {op!r}")
+    device = _call_device(opdef, inputs)
+    dev = devices.get_device(device)
+    key = (op, device, *[None if t is None else t._data.dtype for t in inputs])
+    entry = _device_cache.get(key)
+    if entry is None:
+        entry = _device_cache[key] = (opdef, _device_kernel(opdef, device, inputs, attrs))
+    kernel = entry[1]
+    static = _static_positions(opdef)
+    attrs = attrs or {}
+    if kernel is not None:  # the device's own kernel: device arrays, sizes in host memory
+        args = [None if t is None else _host_or_here(t, device, i in static)
+                for i, t in enumerate(inputs)]
+        if kernel.__class__ is _Chooser:
+            kernel = kernel.choose(args, attrs)
+    else:
+        if not dev.fallback:
+            raise devices.DeviceError(
+                f"op {op} has no kernel on device {device!r}, and backend {device!r} (plugin "
+                f"{dev.plugin!r}) does not run ops on the CPU instead; move the tensors with "
+                ".cpu() for this op, or install a plugin with a kernel for it")
+        devices.note_fallback(dev, op)
+        args = [None if t is None else t._host() for t in inputs]
+        kernel = registry.choose_kernel(op, "cpu", args, attrs)
+    try:
+        out = kernel(*args, **attrs)
+    except (ValueError, IndexError, TypeError) as exc:
+        raise _explain(opdef, inputs, attrs or None, exc) from None
+    move = entry[1] is None  # it ran on the CPU: the results go back to the device
+    if out.__class__ is tuple or out.__class__ is list:
+        result = tuple(Tensor._wrap(devices.to_device(o, device) if move else o, device)
+                       for o in out)
+    else:
+        result = Tensor._wrap(devices.to_device(out, device) if move else out, device)
+    if grad_mode.enabled and opdef.grad is not None:
+        for t in inputs:
+            if t is not None and t.requires_grad:
+                _record(opdef, tuple(inputs), attrs or None, result)
+                break
+    if _observer is not None:
+        _observer(result)
+    return result
+
+
+def _call_device(opdef: OpDef, inputs) -> str:
+    """The one device of a call's data inputs; host sizes and host scalars go with any."""
+    static = _static_positions(opdef)
+    device = None
+    for i, t in enumerate(inputs):
+        if t is None or (t._device == "cpu" and (i in static or t._data.ndim == 0)):
+            continue
+        if device is None:
+            device = t._device
+        elif t._device != device:
+            raise devices.DeviceError(
+                f"{opdef.name}: its inputs are on devices {device!r} and {t._device!r}; move "
+                "them to one device first (x.to(device))")
+    if device is None:  # only sizes and scalars: they are on a device, which gives the call's
+        device = next(t._device for t in inputs if t is not None and t._device != "cpu")
+    return device
+
+
+def _static_positions(opdef: OpDef) -> frozenset[int]:
+    return frozenset(i for i, name in enumerate(opdef.inputs) if name in opdef.static_inputs)
+
+
+def _host_or_here(t: Tensor, device: str, static: bool):
+    if static:
+        return t._host()
+    if t._device == device:
+        return t._data
+    return devices.to_device(t._data, device)  # a host scalar
+
+
+def _device_kernel(opdef: OpDef, device: str, inputs, attrs):
+    """The best kernel registered for ``device``, or None when the op must run on the CPU."""
+    first = next((t for t in inputs if t is not None), None)
+    dtype = first.dtype if first is not None else None
+    recs = [r for r in registry.get_registry().kernels().get(opdef.name, ())
+            if r.device == device and (r.dtypes is None or dtype is None or dtype in r.dtypes)]
+    if not recs:
+        return None
+    return recs[0].function() if recs[0].supports is None else _Chooser(opdef.name, recs, device)
 
 
 def _record(opdef: OpDef, inputs: tuple, attrs, result) -> None:
@@ -120,12 +229,13 @@ def _select(op: str, inputs, attrs):
 class _Chooser:
     """Kernels of which some may refuse a call: ask each in priority order."""
 
-    def __init__(self, op: str, recs):
+    def __init__(self, op: str, recs, device: str = DEVICE):
         self.op = op
         self.recs = recs
+        self.device = device
 
     def choose(self, arrays, attrs):
-        return registry.choose_kernel(self.op, DEVICE, arrays, attrs, self.recs)
+        return registry.choose_kernel(self.op, self.device, arrays, attrs, self.recs)
 
 
 def _explain(opdef: OpDef, inputs, attrs, exc: Exception) -> Exception:
@@ -141,5 +251,5 @@ def _explain(opdef: OpDef, inputs, attrs, exc: Exception) -> Exception:
 
 def _small_value(t: Tensor):
     if t.dtype is DType.I64 and t.ndim <= 1 and t.numel() <= 16:
-        return tuple(int(v) for v in t._data.reshape(-1))
+        return tuple(int(v) for v in t._host().reshape(-1))
     return None

@@ -35,18 +35,25 @@ def onemodel_addhooks(pluginmanager: pluggy.PluginManager) -> None:
 
 @hookspec
 def onemodel_register_backends(register) -> None:
-    """Declare devices this plugin computes on.
+    """Declare devices this plugin computes on (``onemodel.tensors.devices``).
 
-    :param register: ``register(name, *, description="", available=None)``. ``available`` is
-        ``None`` (always usable) or a lazily named zero-argument callable returning a bool, e.g.
-        ``"my_gpu_plugin.probe:has_device"``.
+    :param register: ``register(name, *, description="", available=None, array_module=None,
+        to_device=None, to_host=None, synchronize=None, fallback=True)``. ``available`` is
+        ``None`` (always usable) or a zero-argument callable returning a bool. ``to_device``
+        takes a host numpy array and returns the device's array; ``to_host`` the reverse;
+        ``synchronize`` waits for queued work. ``fallback=True`` lets ops without a kernel on
+        this device run on the CPU with counted transfers; ``False`` makes them an error that
+        names the op and the device. Every callable may be a lazily imported ``"module:attr"``.
+        Kernels for the device are registered with ``onemodel_register_kernels`` and
+        ``device=name``; they receive and return the device's arrays.
 
-    Example::
+    Example (``integration-tests/backends/sim``)::
 
         @hookimpl
         def onemodel_register_backends(register):
-            register("sim", description="host arrays in a wrapper",
-                     available="my_backend.probe:has_device")
+            register("sim", description="host arrays in a wrapper type",
+                     to_device="onemodel_sim.arrays:to_sim",
+                     to_host="onemodel_sim.arrays:to_host")
     """
 
 

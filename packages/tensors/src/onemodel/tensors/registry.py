@@ -99,10 +99,18 @@ class KernelRecord:
 
 @dataclass
 class BackendRecord:
+    """One registered device; the callables are ``"module:attr"`` names imported on first use
+    (see ``onemodel.tensors.devices``)."""
+
     name: str
     description: str = ""
     available: Any = None
     plugin: str = ""
+    array_module: Any = None  # the array namespace its kernels use (cupy)
+    to_device: Any = None  # host numpy array -> device array
+    to_host: Any = None  # device array -> host numpy array
+    synchronize: Any = None  # wait for queued work (timing, before a host read)
+    fallback: bool = True  # ops without a kernel here run on the CPU (else: an error)
 
     def is_available(self) -> bool:
         return True if self.available is None else bool(resolve(self.available)())

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from . import trace_state
+from . import devices, trace_state
 from .dtype import DType, result_dtype
 from .errors import AutogradError, OneModelError, ShapeError
 from .generator import Generator, default_generator
+from .ops.base import OpDef
 from .symbolic import SymInt
 from .torch_names import accept_torch_names
 
@@ -34,27 +35,31 @@ class Tensor:
     ``Tensor.from_data([1, 2], 2, 1)``, ``Tensor.from_numpy(a)``) or by computing with others.
     """
 
-    __slots__ = ("__weakref__", "_data", "_index", "_node", "grad", "requires_grad")
+    __slots__ = ("__weakref__", "_data", "_device", "_index", "_node", "grad", "requires_grad")
     __array_priority__ = 1000  # numpy defers to our operators: ndarray + Tensor -> Tensor
     _traced = False  # True for the stand-ins a trace records (onemodel.tracing)
 
-    def __init__(self, data, dtype: DType | str | None = None, requires_grad: bool = False):
+    def __init__(self, data, dtype: DType | str | None = None, requires_grad: bool = False,
+                 device: str | None = None):
         if isinstance(data, Tensor):
-            data = data._data
+            data = data._host()
         arr = np.asarray(data, dtype=None if dtype is None else DType.of(dtype).numpy)
         if dtype is None and arr.dtype == np.float64 and not isinstance(data, np.ndarray):
             arr = arr.astype(np.float32)  # Python floats default to F32, as in PyTorch
         DType.from_numpy(arr.dtype)  # refuse dtypes we have no DType for
-        self._data = arr
+        self._device = devices.normalize(device)
+        self._data = devices.to_device(arr, self._device)
         self.requires_grad = bool(requires_grad)
         self.grad = None
         self._node = None
         self._index = 0
 
     @classmethod
-    def _wrap(cls, arr: np.ndarray) -> Tensor:
+    def _wrap(cls, arr: np.ndarray, device: str = "cpu") -> Tensor:
+        """A Tensor over ``arr``, an array of ``device`` (no copy, no checks)."""
         t = object.__new__(cls)
         t._data = arr
+        t._device = device
         t.requires_grad = False
         t.grad = None
         t._node = None
@@ -63,19 +68,24 @@ class Tensor:
 
     # creation ---------------------------------------------------------------------------------
     @classmethod
-    def zeros(cls, *shape, dtype=None) -> Tensor:
+    def zeros(cls, *shape, dtype=None, device=None) -> Tensor:
         """``Tensor.zeros(DType.F32, 4, 1)``, ``Tensor.zeros(4, 1)`` or ``Tensor.zeros((4, 1))``.
         While tracing, sizes such as ``x.shape[0]`` make a graph node (Expand of the value)."""
         dims, dt = _split_dtype(shape, dtype)
-        return cls.full(dims, 0, dt)
+        return cls.full(dims, 0, dt, device=device)
 
     @classmethod
-    def ones(cls, *shape, dtype=None) -> Tensor:
+    def ones(cls, *shape, dtype=None, device=None) -> Tensor:
         dims, dt = _split_dtype(shape, dtype)
-        return cls.full(dims, 1, dt)
+        return cls.full(dims, 1, dt, device=device)
 
     @classmethod
-    def full(cls, shape, value, dtype=None) -> Tensor:
+    def full(cls, shape, value, dtype=None, device=None) -> Tensor:
+        out = cls._full(shape, value, dtype)
+        return out if device is None else out.to(device)
+
+    @classmethod
+    def _full(cls, shape, value, dtype=None) -> Tensor:
         dt = DType.F32 if dtype is None else DType.of(dtype)
         dims = _dims((shape,) if isinstance(shape, (int, np.integer)) else tuple(shape))
         if trace_state.active is not None and any(isinstance(d, SymInt)
@@ -88,9 +98,14 @@ class Tensor:
         return cls._wrap(np.full(_shape_tuple(dims), value, dt.numpy))
 
     @classmethod
-    def arange(cls, start, stop=None, step=1, dtype=None) -> Tensor:
+    def arange(cls, start, stop=None, step=1, dtype=None, device=None) -> Tensor:
         """``arange(n)``, ``arange(start, stop, step)``; a symbolic bound while tracing (such as
         ``x.shape[1]``) makes a Range node."""
+        out = cls._arange(start, stop, step, dtype)
+        return out if device is None else out.to(device)
+
+    @classmethod
+    def _arange(cls, start, stop=None, step=1, dtype=None) -> Tensor:
         if stop is None:
             start, stop = 0, start
         if dtype is None:
@@ -133,16 +148,20 @@ class Tensor:
         return cls._wrap(array)
 
     @classmethod
-    def rand(cls, *shape, generator: Generator | None = None, dtype=DType.F32) -> Tensor:
-        """Uniform samples in [0, 1) from ``generator``."""
+    def rand(cls, *shape, generator: Generator | None = None, dtype=DType.F32,
+             device=None) -> Tensor:
+        """Uniform samples in [0, 1) from ``generator`` (drawn on the host, then moved)."""
         g = generator or default_generator()
-        return cls._wrap(g.uniform(_shape_tuple(shape), dtype=dtype))
+        out = cls._wrap(g.uniform(_shape_tuple(shape), dtype=dtype))
+        return out if device is None else out.to(device)
 
     @classmethod
-    def randn(cls, *shape, generator: Generator | None = None, dtype=DType.F32) -> Tensor:
-        """Standard normal samples from ``generator``."""
+    def randn(cls, *shape, generator: Generator | None = None, dtype=DType.F32,
+              device=None) -> Tensor:
+        """Standard normal samples from ``generator`` (drawn on the host, then moved)."""
         g = generator or default_generator()
-        return cls._wrap(g.normal(_shape_tuple(shape), dtype=dtype))
+        out = cls._wrap(g.normal(_shape_tuple(shape), dtype=dtype))
+        return out if device is None else out.to(device)
 
     # properties -------------------------------------------------------------------------------
     @property
@@ -173,7 +192,8 @@ class Tensor:
 
     @property
     def device(self) -> str:
-        return "cpu"
+        """Where the data lives: ``"cpu"`` or a device a backend plugin registered."""
+        return self._device
 
     @property
     def is_leaf(self) -> bool:
@@ -192,24 +212,35 @@ class Tensor:
 
     # reading data -----------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
-        """The data as a numpy array (shared, not copied)."""
+        """The data as a numpy array (shared, not copied). A tensor on another device must be
+        moved first (``x.cpu().numpy()``), as in PyTorch: the copy is then explicit."""
+        if self._device != "cpu":
+            raise devices.DeviceError(f"numpy() of a tensor on device {self._device!r}: call "
+                                      ".cpu() first to copy it to host memory")
         return self._data
+
+    def _host(self) -> np.ndarray:
+        """The data in host memory (a counted copy for a tensor on another device)."""
+        return self._data if self._device == "cpu" else devices.to_host(self._data, self._device)
 
     def to_array(self) -> list:
         """The data as a flat Python list."""
-        return self._data.reshape(-1).tolist()
+        return self._host().reshape(-1).tolist()
 
     def tolist(self):
-        return self._data.tolist()
+        return self._host().tolist()
 
     def item(self):
         if self._data.size != 1:
             raise OneModelError(
                 f"item() needs a one-element tensor, this one has shape {list(self.shape)}"
             )
-        return self._data.reshape(()).item()
+        return self._host().reshape(()).item()
 
     def __array__(self, dtype=None, copy=None):
+        if self._device != "cpu":
+            raise devices.DeviceError(f"a tensor on device {self._device!r} cannot be used as a "
+                                      "numpy array; call .cpu() first")
         if dtype is not None and np.dtype(dtype) != self._data.dtype:
             return self._data.astype(dtype)
         return self._data.copy() if copy else self._data
@@ -234,9 +265,11 @@ class Tensor:
         return bool(self._data.reshape(()))
 
     def __repr__(self) -> str:
-        body = np.array2string(self._data, separator=", ", precision=4, threshold=50,
+        body = np.array2string(self._host(), separator=", ", precision=4, threshold=50,
                                prefix="Tensor(")
         extra = ", requires_grad=True" if self.requires_grad else ""
+        if self._device != "cpu":
+            extra = f", device={self._device!r}" + extra
         return f"Tensor({body}, dtype={self.dtype.name}, shape={list(self.shape)}{extra})"
 
     # autograd ---------------------------------------------------------------------------------
@@ -248,7 +281,7 @@ class Tensor:
 
     def detach(self) -> Tensor:
         """The same data, cut from the gradient tape."""
-        return Tensor._wrap(self._data)
+        return Tensor._wrap(self._data, self._device)
 
     def requires_grad_(self, flag: bool = True) -> Tensor:
         if self._node is not None and not flag:
@@ -259,7 +292,9 @@ class Tensor:
         return self
 
     def clone(self) -> Tensor:
-        return _call("Identity", self) if self.requires_grad else Tensor._wrap(self._data.copy())
+        if self.requires_grad:
+            return _call("Identity", self)
+        return Tensor._wrap(self._data.copy(), self._device)
 
     # arithmetic -------------------------------------------------------------------------------
     def __add__(self, other):
@@ -492,20 +527,37 @@ class Tensor:
         return self.cast(DType.BOOL)
 
     def to(self, *args, dtype=None, device=None, copy: bool = False) -> Tensor:
-        """PyTorch's ``to``: ``to(dtype)``, ``to("cpu")``, ``to("cpu", dtype)``, ``to(other)``
-        (its dtype). Tensors live on the CPU; any other device is refused."""
+        """PyTorch's ``to``: ``to(dtype)``, ``to("cuda")``, ``to("cuda", dtype)``, ``to(other)``
+        (its dtype and device). A move to another device copies through host memory and is
+        differentiable: the gradient moves back. While tracing, devices are ignored (a traced
+        graph runs on any device)."""
         for a in args:
             if isinstance(a, Tensor):
                 dtype = a.dtype if dtype is None else dtype
-            elif isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "mps", "meta", "xla"):
+                device = a.device if device is None else device
+            elif isinstance(a, devices.Device) or hasattr(a, "type") or (
+                    isinstance(a, str) and not _is_dtype_name(a)):
                 device = a
             elif dtype is None:
                 dtype = a
             else:
-                raise OneModelError(f"to(): unexpected argument {a!r}; pass a dtype and/or 'cpu'")
-        _check_device(device)
+                raise OneModelError(f"to(): unexpected argument {a!r}; pass a dtype and/or a "
+                                    "device")
         out = self if dtype is None else self.cast(dtype)
+        if device is not None and not self._traced:
+            target = devices.normalize(device)
+            if target != out._device:
+                devices.get_device(target)  # an unknown device fails here, naming it
+                return _move(out, target)
         return out.clone() if copy and out is self else out
+
+    def cpu(self) -> Tensor:
+        """This tensor in host memory (itself if it is there already)."""
+        return self.to("cpu")
+
+    def cuda(self) -> Tensor:
+        """This tensor on the ``"cuda"`` device (needs a backend such as onemodel-cupy)."""
+        return self.to("cuda")
 
     def contiguous(self) -> Tensor:
         """Every tensor is laid out contiguously for ops; returns ``self`` as PyTorch does."""
@@ -742,8 +794,15 @@ def _const(values) -> Tensor:
 
 def _as_array(value, like: Tensor) -> np.ndarray:
     if isinstance(value, Tensor):
-        return value._data
-    return np.asarray(value, dtype=like._data.dtype)
+        if value._device != like._device and value.ndim:
+            raise devices.DeviceError(f"a tensor on device {value._device!r} cannot update one on "
+                                      f"device {like._device!r}; move it with .to() first")
+        return value._data if value._device == like._device else value._host()[()]
+    arr = np.asarray(value, dtype=like._data.dtype)
+    if like._device == "cpu":
+        return arr
+    # another device takes scalars as numpy scalars and arrays in its own memory
+    return arr[()] if arr.ndim == 0 else devices.to_device(arr, like._device)
 
 
 def _scalar_like(value, like: Tensor) -> Tensor:
@@ -878,10 +937,33 @@ def _extreme(a: Tensor, b, strict, loose) -> Tensor:
     return (where(strict(a, b), a, b) + where(loose(a, b), a, b)) * 0.5
 
 
-def _check_device(device) -> None:
-    if device is not None and str(device).split(":")[0] != "cpu":
-        raise OneModelError(f"device {device!r}: OneModel tensors live on the CPU; use 'cpu' "
-                            "(accelerators run through the runtime's execution providers)")
+def _is_dtype_name(text: str) -> bool:
+    try:
+        DType.of(text)
+    except (OneModelError, KeyError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _move(t: Tensor, device: str) -> Tensor:
+    """``t`` copied to ``device``; the gradient of the copy moves back to ``t``'s device."""
+    out = Tensor._wrap(devices.move(t._data, t._device, device), device)
+    if t.requires_grad and _grad_enabled():
+        from .autograd import Node
+
+        out.requires_grad = True
+        out._node = Node(_MOVE, (t,), {"device": device}, (out,))
+    return out
+
+
+def _move_grad(ctx, g):
+    return (g.to(ctx.inputs[0].device),)
+
+
+# the device copy's place on the gradient tape: not an op of the op set (no graph holds it)
+_MOVE = OpDef("DeviceCopy", kernel=None, shape_rule=lambda specs, **a: specs[0], grad=_move_grad,
+              inputs=("input",), optional=frozenset(), variadic=False, attrs={"device": "cpu"},
+              outputs=("output",), domain="onemodel", traceable=False)
 
 
 # PyTorch's dim/keepdim next to axis/keepdims, for every method and these functions (one place)

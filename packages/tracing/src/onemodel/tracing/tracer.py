@@ -136,7 +136,7 @@ class Tracer:
         for name, t in inputs.items():
             names = axes.get(name) or ()
             shape = tuple(sizes.get(sym, d) if sym else d for d, sym in zip(t.shape, names))
-            changed[name] = Tensor._wrap(np.zeros(shape, t.numpy().dtype)) if names else t
+            changed[name] = Tensor._wrap(np.zeros(shape, t.dtype.numpy)) if names else t
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", TraceWarning)
@@ -333,7 +333,7 @@ class Tracer:
 
     @staticmethod
     def _const_spec(t: Tensor) -> TensorSpec:
-        arr = t.numpy()
+        arr = t.cpu().numpy()  # a graph holds host arrays, whatever device a model traced on
         value = None
         if arr.dtype.kind in "iu" and arr.ndim <= 1 and arr.size <= 64:
             value = tuple(int(v) for v in arr.reshape(-1))
@@ -344,7 +344,7 @@ class Tracer:
         if name is None:
             base = self._param_names.get(id(t)) or f"const_{len(self._consts)}"
             name = base if base not in self.graph.initializers else f"{base}_{len(self._consts)}"
-            self.graph.initializers[name] = np.array(t.numpy(), copy=True)  # a copy of it now
+            self.graph.initializers[name] = np.array(t.cpu().numpy(), copy=True)  # a copy now
             self._consts[id(t)] = name
             self._keep.append(t)
         return name

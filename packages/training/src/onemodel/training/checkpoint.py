@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from onemodel.tensors import DType, OneModelError
+from onemodel.tensors import DType, OneModelError, devices
 from onemodel.tensors.fileio import atomic_write, load_limit, read_json
 
 from .module import Module
@@ -53,7 +53,7 @@ class Checkpoint:
     def save(path: str | os.PathLike, model: Module, optimizer: Optimizer | None = None) -> None:
         tensors: dict[str, np.ndarray] = {}
         for name, t in model.state_dict().items():
-            tensors[f"model/{name}"] = _contiguous(t.numpy())
+            tensors[f"model/{name}"] = _contiguous(t.cpu().numpy())  # host arrays, any device
         meta: dict[str, str] = {
             "format": FORMAT,
             "format_version": str(FORMAT_VERSION),
@@ -104,7 +104,7 @@ class Checkpoint:
             except OneModelError as exc:
                 raise CheckpointError(f"{path}: {exc}") from None
         for target, arr in plan:
-            target._data[...] = arr
+            devices.assign(target, arr)
         if opt_state is not None:
             optimizer.load_state_dict(opt_state)
         return meta
@@ -116,7 +116,7 @@ class Checkpoint:
         """Write the model's state dict as a plain safetensors file under PyTorch's names (no
         prefix), the layout ``safetensors.torch.load_file`` reads and
         ``torch_model.load_state_dict`` takes when both models name their layers alike."""
-        tensors = {name: _contiguous(t.numpy()) for name, t in model.state_dict().items()}
+        tensors = {name: _contiguous(t.cpu().numpy()) for name, t in model.state_dict().items()}
         meta = {"format": "pt", **(metadata or {})}
         if meta["format"] == FORMAT:
             raise CheckpointError("save_weights writes plain weights; use Checkpoint.save for a "

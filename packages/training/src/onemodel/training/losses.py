@@ -74,19 +74,22 @@ def nll(log_probs: Tensor, target: Tensor, weight: Tensor | None = None,
     """Negative log likelihood of class indices; classes on axis 1 ((N, C) or (N, C, d...))."""
     if target.dtype not in (DType.I64, DType.I32):
         raise OneModelError(f"nll target must hold class indices (I64), got {target.dtype.name}")
-    t = target.numpy().astype(np.int64)
+    # the targets are read in host memory (a copy for a tensor on another device): they pick
+    # classes and are checked; the masks built from them go to the log-probabilities' device
+    t = target.cpu().numpy().astype(np.int64)
     valid = t != ignore_index
     safe = np.where(valid, t, 0)
     c = log_probs.shape[1]
     if np.any((safe < 0) | (safe >= c)):
         raise OneModelError(f"nll target holds a class outside [0, {c})")
+    device = log_probs.device
     picked_mask = Tensor.from_numpy(
         np.moveaxis(np.eye(c, dtype=bool)[safe], -1, 1) & np.expand_dims(valid, 1)
-    )
-    w = np.ones(c, log_probs.numpy().dtype) if weight is None else weight.numpy()
-    sample_w = np.where(valid, w[safe], 0).astype(log_probs.numpy().dtype)
+    ).to(device)
+    w = np.ones(c, log_probs.dtype.numpy) if weight is None else weight.cpu().numpy()
+    sample_w = np.where(valid, w[safe], 0).astype(log_probs.dtype.numpy)
     picked = where(picked_mask, log_probs, 0.0).sum(axis=1)  # (N, d...)
-    losses = -picked * Tensor.from_numpy(sample_w)
+    losses = -picked * Tensor.from_numpy(sample_w).to(device)
     if reduction == "mean":
         return losses.sum() / float(sample_w.sum())
     return _reduce(losses, reduction)
@@ -114,14 +117,14 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     if not label_smoothing:
         return loss
     # PyTorch: (1 - eps) * nll + eps / C * sum over classes of -log p (weighted, ignoring targets)
-    valid = Tensor.from_numpy((target.numpy() != ignore_index).astype(logp.numpy().dtype))
+    t = target.cpu().numpy()
+    kept = t != ignore_index
+    valid = Tensor.from_numpy(kept.astype(logp.dtype.numpy)).to(logp.device)
     smooth = -(logp if wt is None else logp * wt).sum(axis=1) * valid
     if reduction == "mean":
         denom = (valid.sum() if weight is None else
-                 Tensor.from_numpy(np.where(target.numpy() != ignore_index,
-                                            weight.numpy()[np.where(target.numpy() != ignore_index,
-                                                                    target.numpy(), 0)], 0)
-                                   .astype(logp.numpy().dtype)).sum())
+                 Tensor.from_numpy(np.where(kept, weight.cpu().numpy()[np.where(kept, t, 0)], 0)
+                                   .astype(logp.dtype.numpy)).to(logp.device).sum())
         smooth = smooth.sum() / denom
     else:
         smooth = _reduce(smooth, reduction)
@@ -170,8 +173,8 @@ def ctc(log_probs: Tensor, targets: Tensor, input_lengths, target_lengths, blank
     per = dispatch("CTCLoss", (log_probs, as_i64(targets), as_i64(input_lengths), tl),
                    {"blank": int(blank), "zero_infinity": int(zero_infinity)})
     if reduction == "mean":
-        lengths = np.maximum(tl.numpy(), 1).astype(log_probs.numpy().dtype)
-        return (per / Tensor.from_numpy(lengths)).mean()
+        lengths = np.maximum(tl.cpu().numpy(), 1).astype(log_probs.dtype.numpy)
+        return (per / Tensor.from_numpy(lengths).to(per.device)).mean()
     return _reduce(per, reduction)
 
 

@@ -10,7 +10,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from onemodel.tensors import DType, OneModelError, Tensor
+from onemodel.tensors import DType, OneModelError, Tensor, devices
+
+
+def _is_dtype(value) -> bool:
+    try:
+        DType.of(value)
+    except (OneModelError, KeyError, ValueError, TypeError):
+        return False
+    return True
 
 
 class Parameter(Tensor):
@@ -20,8 +28,10 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data, requires_grad: bool = True):
-        arr = data._data if isinstance(data, Tensor) else np.asarray(data)
-        super().__init__(arr)
+        if isinstance(data, Tensor):
+            super().__init__(data._host(), device=data.device)
+        else:
+            super().__init__(np.asarray(data))
         if requires_grad:
             self.requires_grad_()
 
@@ -248,7 +258,7 @@ class Module:
             if set_to_none or p.grad is None:
                 p.grad = None
             else:
-                p.grad = Tensor._wrap(np.zeros_like(p.grad.numpy()))
+                p.grad = Tensor.zeros(*p.grad.shape, dtype=p.grad.dtype, device=p.grad.device)
 
     def requires_grad_(self, requires_grad: bool = True) -> Module:
         """Turn gradients of every parameter on or off (freezing a part of a model)."""
@@ -291,7 +301,7 @@ class Module:
             state = read_weights(state)
         plan = self._fit_state_dict(state, strict)
         for target, arr in plan:
-            target._data[...] = arr
+            devices.assign(target, arr)
         own = self.state_dict()
         return [k for k in own if k not in state], [k for k in state if k not in own]
 
@@ -310,7 +320,7 @@ class Module:
             arr = v.numpy() if isinstance(v, Tensor) else np.asarray(v)
             if tuple(arr.shape) != tuple(target.shape):
                 wrong.append(f"{k}: expected {list(target.shape)}, got {list(arr.shape)}")
-            plan.append((target, arr.astype(target.numpy().dtype, copy=False)))
+            plan.append((target, arr.astype(target.dtype.numpy, copy=False)))
         if wrong or (strict and (missing or unexpected)):
             parts = []
             if missing:
@@ -325,21 +335,22 @@ class Module:
         return plan
 
     def to(self, *args, dtype=None, device=None) -> Module:
-        """PyTorch's ``to``: ``to(dtype)``, ``to("cpu")`` or ``to("cpu", dtype)``: casts every
-        floating parameter and buffer in place. Modules live on the CPU; other devices are
-        refused."""
+        """PyTorch's ``to``: ``to(dtype)``, ``to("cuda")`` or ``to("cuda", dtype)``: moves and
+        casts every (floating) parameter and buffer in place, so an optimizer made afterwards
+        (as in PyTorch) updates them where they live."""
         for a in args:
-            if isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "mps", "meta", "xla"):
+            if isinstance(a, (devices.Device, str)) and not _is_dtype(a):
                 device = a
             elif dtype is None:
                 dtype = a
             else:
                 raise OneModelError(f"Module.to(): unexpected argument {a!r}; pass a dtype "
-                                    "and/or 'cpu'")
-        if device is not None and str(device).split(":")[0] != "cpu":
-            raise OneModelError(f"device {device!r}: OneModel modules live on the CPU; use "
-                                "'cpu' (accelerators run through the runtime's execution "
-                                "providers)")
+                                    "and/or a device")
+        if device is not None:
+            target = devices.normalize(device)
+            devices.get_device(target)  # an unknown device fails here, naming it
+            for t in list(self.parameters()) + list(self.buffers()):
+                devices.move_tensor_data(t, target)
         if dtype is None:
             return self
         dt = DType.of(dtype)
@@ -350,8 +361,14 @@ class Module:
             if t.dtype.is_floating:
                 t._data = t._data.astype(dt.numpy)
                 if t.grad is not None:
-                    t.grad = Tensor._wrap(t.grad.numpy().astype(dt.numpy))
+                    t.grad = Tensor._wrap(t.grad._data.astype(dt.numpy), t.grad.device)
         return self
+
+    def cpu(self) -> Module:
+        return self.to("cpu")
+
+    def cuda(self) -> Module:
+        return self.to("cuda")
 
     def half(self) -> Module:
         return self.to(DType.F16)

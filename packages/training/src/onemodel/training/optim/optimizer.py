@@ -14,6 +14,18 @@ import numpy as np
 from onemodel.tensors import OneModelError, Tensor
 
 
+def _check_state_device(p: Tensor, state: dict) -> None:
+    """State arrays live where their parameter lives: a model moved after its optimizer took
+    steps would mix devices (PyTorch refuses it too)."""
+    kind = type(p._data)
+    for name, v in state.items():
+        if hasattr(v, "shape") and getattr(v, "ndim", 0) and type(v) is not kind:
+            raise OneModelError(
+                f"optimizer state {name!r} is not on the parameter's device {p.device!r}: the "
+                "model moved after the optimizer took steps; move the model first, then make "
+                "the optimizer (or load its state_dict again), as in PyTorch")
+
+
 class Optimizer:
     def __init__(self, params: Iterable, defaults: dict[str, Any]):
         self.defaults = dict(defaults)
@@ -55,11 +67,14 @@ class Optimizer:
                     g = g.astype(p._data.dtype)
                 if group.get("maximize"):
                     g = -g
-                self._update(p._data, g, self.state.setdefault(id(p), {}), group)
+                state = self.state.setdefault(id(p), {})
+                if p._device != "cpu" or state:
+                    _check_state_device(p, state)
+                self._update(p._data, g, state, group)
 
     def _scratch(self, like: np.ndarray) -> np.ndarray:
         """A reusable array shaped like ``like``: updates without a temporary per step."""
-        key = (like.shape, like.dtype.str)
+        key = (like.shape, like.dtype.str, type(like))
         buf = self._buffers.get(key)
         if buf is None:
             buf = self._buffers[key] = np.empty_like(like, order="C")

@@ -24,7 +24,7 @@ class SGD(Optimizer):
         if mom:
             buf = state.get("momentum_buffer")
             if buf is None:
-                buf = state["momentum_buffer"] = np.array(d, copy=True)
+                buf = state["momentum_buffer"] = d.copy()  # on the parameter's device
             else:
                 buf *= mom
                 buf += (1 - group["dampening"]) * d if group["dampening"] else d

@@ -1,0 +1,151 @@
+"""Running a plan on a device other than the CPU.
+
+The planner makes one plan per input signature, device-independent: shapes, slots, plan-time
+constants. ``place`` turns it into a :class:`DevicePlan` for one device: each step runs the
+device's kernel for its op (chosen with the same registry function eager dispatch uses), or,
+where the device has none, the CPU kernel with its inputs and outputs moved through host memory
+(counted, and warned about once per op, by ``onemodel.tensors.devices``); a backend that does
+not allow that makes the plan fail to build, naming the op and the device. Initializers move to
+the device once, when the plan is placed; feeds move at each run; outputs come back to host
+memory unless the session keeps them on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from onemodel.tensors import devices, registry
+from onemodel.tensors.dtype import DType
+from onemodel.tensors.ops import OPS
+
+from .planner import Plan, Step
+
+
+@dataclass
+class DevicePlan(Plan):
+    device: str = "cpu"
+    keep_on_device: bool = False
+
+    def execute(self, arrays):
+        return super().execute([devices.to_device(a, self.device) for a in arrays])
+
+    def execute_profiled(self, arrays, profiler):
+        return super().execute_profiled([devices.to_device(a, self.device) for a in arrays],
+                                        profiler)
+
+    def _owned(self, results: list, arrays) -> list:
+        if self.keep_on_device:  # copies: an output must not alias a constant or a feed
+            return [r.copy() if hasattr(r, "copy") else r for r in results]
+        return [devices.to_host(r, self.device) if not isinstance(r, np.ndarray) else r.copy()
+                for r in results]
+
+
+def place(plan: Plan, device: str, keep_on_device: bool = False) -> DevicePlan:
+    """``plan`` (made by the planner) run on ``device``."""
+    dev = devices.get_device(device)
+    static_slots: set[int] = set()
+    data_slots: set[int] = set()
+    steps = []
+    for step in plan.steps:
+        static = _static_positions(step.op)
+        for pos, slot in enumerate(step.ins):
+            (static_slots if pos in static else data_slots).add(slot)
+        steps.append(_place_step(step, dev, static))
+    template = list(plan.template)
+    for slot, value in enumerate(template):
+        # constants that steps read as data live on the device; sizes stay in host memory
+        if isinstance(value, np.ndarray) and slot in data_slots and slot not in static_slots:
+            template[slot] = devices.to_device(value, device)
+    base = {f.name: getattr(plan, f.name) for f in fields(Plan)}
+    base.update(template=template, steps=steps)
+    return DevicePlan(**base, device=device, keep_on_device=keep_on_device)
+
+
+def _static_positions(op: str) -> frozenset[int]:
+    opdef = OPS.get(op)
+    if opdef is None:
+        return frozenset()
+    return frozenset(i for i, name in enumerate(opdef.inputs) if name in opdef.static_inputs)
+
+
+def _place_step(step: Step, dev: devices.Device, static: frozenset[int]) -> Step:
+    """The same step with a call that runs on ``dev``."""
+    call = _DeviceCall(step, dev, static)
+    fields_ = {f.name: getattr(step, f.name) for f in fields(Step)}
+    fields_["call"] = call.single if step.single_input else call
+    return Step(**fields_)
+
+
+class _DeviceCall:
+    """One step's kernel on a device: the device's kernel when it has one for the op and the
+    dtype of the step's first input (chosen at the first run, then kept), else the CPU kernel
+    with transfers."""
+
+    __slots__ = ("attrs", "cpu_call", "dev", "kernel", "op", "static")
+
+    def __init__(self, step: Step, dev: devices.Device, static: frozenset[int]):
+        self.op, self.dev, self.static = step.op, dev, static
+        self.cpu_call = step.call
+        self.attrs = dict(getattr(step.call, "keywords", None) or {})
+        self.kernel: Any = None  # None: not chosen yet; False: the CPU fallback
+        if not dev.fallback and not _has_device_kernels(step.op, dev.name):
+            raise devices.DeviceError(
+                f"op {step.op} ({step.node or step.label}) has no kernel on device "
+                f"{dev.name!r}, and backend {dev.name!r} (plugin {dev.plugin!r}) does not run "
+                "ops on the CPU instead; run this model on the CPU or install a plugin with a "
+                "kernel for it")
+
+    def single(self, arg):
+        return self(arg)
+
+    def __call__(self, *args):
+        if self.kernel is not False:
+            placed = [_host(a, self.dev.name) if i in self.static else _here(a, self.dev.name)
+                      for i, a in enumerate(args)]
+            if self.kernel is None:
+                self.kernel = self._choose(placed)
+            if self.kernel is not False:
+                return self.kernel(*placed, **self.attrs)
+        devices.note_fallback(self.dev, self.op)
+        out = self.cpu_call(*[_host(a, self.dev.name) for a in args])
+        if isinstance(out, (tuple, list)):
+            return tuple(devices.to_device(np.asarray(o), self.dev.name) for o in out)
+        return devices.to_device(np.asarray(out), self.dev.name)
+
+    def _choose(self, args):
+        first = next((a for a in args if a is not None), None)
+        dtype = None
+        if first is not None and first.dtype in _KNOWN:
+            dtype = DType.from_numpy(first.dtype)
+        recs = [r for r in registry.get_registry().kernels().get(self.op, ())
+                if r.device == self.dev.name
+                and (r.dtypes is None or dtype is None or dtype in r.dtypes)]
+        if not recs:
+            if not self.dev.fallback:
+                raise devices.DeviceError(
+                    f"op {self.op} has no kernel on device {self.dev.name!r} for dtype "
+                    f"{dtype.name if dtype else None}, and the backend does not fall back")
+            return False
+        return registry.choose_kernel(self.op, self.dev.name, args, self.attrs, recs)
+
+
+_KNOWN = {d.numpy for d in DType}
+
+
+def _has_device_kernels(op: str, device: str) -> bool:
+    return any(r.device == device for r in registry.get_registry().kernels().get(op, ()))
+
+
+def _host(a, device: str):
+    if a is None or isinstance(a, np.ndarray):
+        return a
+    return devices.to_host(a, device)
+
+
+def _here(a, device: str):
+    if isinstance(a, np.ndarray):  # a host constant or scalar read as data
+        return devices.to_device(a, device)
+    return a
