@@ -181,3 +181,77 @@ def test_eye_like_and_reverse_sequence():
         np.testing.assert_array_equal(got[n:, b], x[n:, b])
     with pytest.raises(ShapeError, match="lengths"):
         run("ReverseSequence", x, ints([5, 1, 1]))
+
+
+# signal ops -------------------------------------------------------------------------------------
+
+def _pairs(z):
+    return np.stack([z.real, z.imag], axis=-1)
+
+
+def test_dft_forms_match_torch_fft():
+    x = RNG.standard_normal((2, 8, 3))
+    real = x[..., :1]  # [.., 1]: a real signal; DFT over axis 1
+    z = x[..., 0] + 1j * x[..., 1]
+    cplx = _pairs(z)
+    tz = torch.tensor(z)
+    axis1 = ints(1)
+    np.testing.assert_allclose(run("DFT", real, None, axis1).numpy(),
+                               _pairs(torch.fft.fft(torch.tensor(x[..., 0]), dim=1).numpy()),
+                               atol=1e-12)
+    np.testing.assert_allclose(run("DFT", cplx, ints(5), axis1).numpy(),
+                               _pairs(torch.fft.fft(tz, n=5, dim=1).numpy()), atol=1e-12)
+    np.testing.assert_allclose(run("DFT", real, ints(12), axis1, onesided=1).numpy(),
+                               _pairs(torch.fft.rfft(torch.tensor(x[..., 0]), n=12,
+                                                     dim=1).numpy()), atol=1e-12)
+    np.testing.assert_allclose(run("DFT", cplx, None, axis1, inverse=1).numpy(),
+                               _pairs(torch.fft.ifft(tz, dim=1).numpy()), atol=1e-12)
+    half = _pairs(torch.fft.rfft(torch.tensor(x[..., 0]), dim=1).numpy())  # (2, 5, 3, 2)
+    np.testing.assert_allclose(run("DFT", half, None, axis1, inverse=1, onesided=1).numpy(),
+                               x[..., :1], atol=1e-12)  # IRFFT of the RFFT: the signal back
+
+
+def test_dft_and_stft_shape_rules_on_symbolic_dims():
+    (spec,) = OPS["DFT"].infer([TensorSpec((N, L, 1), DType.F32), None,
+                                TensorSpec((), DType.I64, (1,))], {"onesided": 1})
+    assert spec.shape == (N, L // 2 + 1, 2)
+    (spec,) = OPS["DFT"].infer([TensorSpec((N, L, 2), DType.F32)], {"inverse": 1, "onesided": 1})
+    assert spec.shape == (N, (L + -1) * 2, 1)
+    (spec,) = OPS["STFT"].infer([TensorSpec((N, L, 1), DType.F32),
+                                 TensorSpec((), DType.I64, (4,)), TensorSpec((16,), DType.F32)])
+    assert spec.shape == (N, (L + -16) // 4 + 1, 9, 2)
+    with pytest.raises(ShapeError, match="axis"):
+        OPS["DFT"].infer([TensorSpec((N, L, 1), DType.F32), None,
+                          TensorSpec((), DType.I64, (2,))])
+
+
+@pytest.mark.parametrize("onesided", [0, 1])
+def test_stft_matches_torch(onesided):
+    x = RNG.standard_normal((2, 64))
+    window = torch.hann_window(16, dtype=torch.float64)
+    ours = run("STFT", x[..., None], ints(4), window.numpy(), ints(16), onesided=onesided)
+    ref = torch.stft(torch.tensor(x), 16, hop_length=4, window=window, center=False,
+                     onesided=bool(onesided), return_complex=True)  # (batch, bins, frames)
+    np.testing.assert_allclose(ours.numpy(), _pairs(ref.transpose(1, 2).numpy()), atol=1e-12)
+
+
+@pytest.mark.parametrize("periodic", [0, 1])
+def test_windows_match_torch(periodic):
+    def hamming(n, **kw):  # ONNX's coefficients: 25/46 and 21/46, not torch's 0.54/0.46
+        return torch.hamming_window(n, alpha=25 / 46, beta=21 / 46, **kw)
+
+    for op, fn in (("HannWindow", torch.hann_window), ("HammingWindow", hamming),
+                   ("BlackmanWindow", torch.blackman_window)):
+        ours = run(op, ints(10), periodic=periodic, output_datatype=DType.F64).numpy()
+        ref = fn(10, periodic=bool(periodic), dtype=torch.float64).numpy()
+        np.testing.assert_allclose(ours, ref, atol=1e-12, err_msg=op)
+
+
+def test_mel_weight_matrix_triangles():
+    w = run("MelWeightMatrix", ints(8), ints(64), ints(8000), np.float32(0.0),
+            np.float32(4000.0)).numpy()
+    assert w.shape == (33, 8) and w.dtype == np.float32
+    # each filter is a triangle that peaks at 1 and its neighbours overlap it
+    assert np.allclose(w.max(axis=0), 1.0)
+    peaks = w.argmax(axis=0)
+    assert (np.diff(peaks) > 0).all()
