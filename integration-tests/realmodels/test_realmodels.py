@@ -1,0 +1,81 @@
+"""Real architectures (transformers' BERT, GPT-2, LLaMA, T5, Whisper's encoder, ResNet, ConvNeXt,
+MobileNetV2, DeepLabV3, Segformer, ViT, Swin, YOLOS, DETR), built from tiny configs with random
+weights and exported by both PyTorch exporters with dynamic axes: each file loads with those axes
+symbolic and agrees with onnxruntime at two sizes through one session.
+
+The default run covers a subset; ``-m slow_models`` (or ONEMODEL_SLOW_MODELS=1) runs the rest.
+Exported files are cached between runs (see builders.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("onnxscript")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+import builders  # noqa: E402
+
+from onemodel.runtime import Session  # noqa: E402
+from onemodel.tensors import DimExpr  # noqa: E402
+
+# (model, exporter) -> the reason it cannot pass yet; strict, so it shows when it starts passing
+XFAIL: dict[tuple[str, str], str] = {}
+
+
+def _cases():
+    for name, spec in builders.specs().items():
+        for exporter in builders.EXPORTERS:
+            marks = [pytest.mark.torch]
+            if spec.slow:
+                marks.append(pytest.mark.slow_models)
+            if (name, exporter) in XFAIL:
+                marks.append(pytest.mark.xfail(strict=True, reason=XFAIL[name, exporter]))
+            yield pytest.param(name, exporter, marks=marks, id=f"{name}-{exporter}")
+
+
+def _ort(path):
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
+def test_real_model_loads_symbolic_and_agrees_with_onnxruntime(name, exporter):
+    spec = builders.specs()[name]
+    path = builders.exported(name, exporter)
+
+    # the exporter kept the dynamic axes (a silently specialized axis would test nothing)
+    declared = {v.name: v.type.tensor_type.shape.dim for v in onnx.load(str(path)).graph.input}
+    for inp in spec.inputs:
+        for k, d in enumerate(inp.shape):
+            assert bool(declared[inp.name][k].dim_param) == spec.dynamic(exporter, d), \
+                f"{inp.name} axis {k}: {declared[inp.name][k]}"
+
+    session = Session.load(path)
+    for v, inp in zip(session.graph.inputs, spec.inputs):
+        assert v.name == inp.name
+        for d, want in zip(v.shape, inp.shape):
+            if spec.dynamic(exporter, want):
+                assert isinstance(d, DimExpr), f"{v.name}: {v.shape}"
+            else:
+                assert d == (want.sizes[0] if isinstance(want, builders.Axis) else want), \
+                    f"{v.name}: {v.shape}"
+
+    ref = _ort(path)
+    for which in (0, 1):
+        feeds = spec.feeds(which, exporter)
+        want = ref.run(None, feeds)[0]
+        got = session.run(feeds, return_numpy=True)[spec.outputs[0]]
+        assert want.std() > 1e-3, "a degenerate output would agree with anything"
+        assert got.shape == want.shape
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale,
+                                   err_msg=f"{name} by {exporter} at {feeds_shapes(feeds)}")
+
+
+def feeds_shapes(feeds) -> str:
+    return ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
