@@ -18,13 +18,13 @@ import pytest
 pytest.importorskip("onemodel_sim", reason="the example backend: pip install "
                     "integration-tests/backends/sim (scripts/dev.py installs it)")
 
-from onemodel_sim import kernels as sim_kernels  # noqa: E402
-from onemodel_sim.arrays import SimArray  # noqa: E402
+from onemodel_sim import kernels as sim_kernels
+from onemodel_sim.arrays import SimArray
 
-from onemodel import training as T  # noqa: E402
-from onemodel.runtime import Session  # noqa: E402
-from onemodel.tensors import OneModelError, Tensor, devices  # noqa: E402
-from onemodel.training import losses  # noqa: E402
+from onemodel import training as T
+from onemodel.runtime import Session
+from onemodel.tensors import OneModelError, Tensor, devices
+from onemodel.training import losses
 
 pytestmark = pytest.mark.filterwarnings("ignore::onemodel.tensors.devices.DeviceFallbackWarning")
 
