@@ -210,3 +210,35 @@ def test_ctc_loss_module_matches_torch(reduction):
     (y * Tensor(w)).sum().backward()
     (ty * torch.tensor(w)).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_cross_entropy_with_label_smoothing_ignore_index_and_weight_matches_torch():
+    """losses.cross_entropy (F.cross_entropy's counterpart) over every reduction, with and
+    without smoothing, class weights, and the default or a real class as ignore_index."""
+    import itertools
+
+    from onemodel.training import losses
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 5, 3)).astype(np.float32)  # K-dimensional: classes on axis 1
+    base = rng.integers(0, 5, (6, 3))
+    base[0, 0] = base[2, 1] = -100
+    w = (rng.random(5) + 0.5).astype(np.float32)
+    for red, ls, use_w, ii in itertools.product(["mean", "sum", "none"], [0.0, 0.2],
+                                                [False, True], [-100, 2]):
+        t = base if ii == -100 else np.where(base == -100, 0, base)
+        xo, xt = Tensor(x.copy(), requires_grad=True), torch.tensor(x.copy(), requires_grad=True)
+        y = losses.cross_entropy(xo, Tensor(t), Tensor(w) if use_w else None, ignore_index=ii,
+                                 reduction=red, label_smoothing=ls)
+        ty = torch.nn.functional.cross_entropy(xt, torch.tensor(t),
+                                               torch.tensor(w) if use_w else None,
+                                               ignore_index=ii, reduction=red,
+                                               label_smoothing=ls)
+        g = rng.standard_normal(ty.shape).astype(np.float32)
+        (y * Tensor(g)).sum().backward()
+        (ty * torch.tensor(g)).sum().backward()
+        case = f"{red} smoothing={ls} weight={use_w} ignore={ii}"
+        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=case)
+        np.testing.assert_allclose(xo.grad.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=case)

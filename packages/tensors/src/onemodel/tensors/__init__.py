@@ -26,6 +26,8 @@ from .tensor import (
     zeros_like,
 )
 
+from_dlpack = Tensor.from_dlpack  # torch.from_dlpack / np.from_dlpack's counterpart
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "cat",
     "concat",
     "enable_grad",
+    "from_dlpack",
     "functional",
     "is_grad_enabled",
     "no_grad",

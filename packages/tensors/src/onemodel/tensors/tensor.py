@@ -592,11 +592,124 @@ class Tensor:
     def argmin(self, axis=None, keepdims: bool = False):
         return _arg("ArgMin", self, axis, keepdims)
 
-    def any(self):
-        return Tensor._wrap(np.asarray(self._data.any()))
+    def any(self, axis=None, keepdims: bool = False) -> Tensor:
+        """Whether any element is nonzero (NaN counts), over ``axis`` (all by default): BOOL,
+        built from Cast and ReduceMax so it traces."""
+        return _any_all("ReduceMax", self, axis, keepdims)
 
-    def all(self):
-        return Tensor._wrap(np.asarray(self._data.all()))
+    def all(self, axis=None, keepdims: bool = False) -> Tensor:
+        """Whether every element is nonzero, over ``axis`` (all by default): BOOL."""
+        return _any_all("ReduceMin", self, axis, keepdims)
+
+    # PyTorch's selection and ordering methods ------------------------------------------------------
+    def gather(self, axis: int, index) -> Tensor:
+        """PyTorch's ``gather(dim, index)``: ``out[i][j] = self[index[i][j]][j]`` for ``dim=0``
+        (ONNX GatherElements); ``index`` may be shorter than ``self`` on the other axes, as in
+        PyTorch. Differentiable in ``self``."""
+        index = _index_tensor(index, "gather")
+        nd = self.ndim
+        if index.ndim != nd:
+            raise ShapeError(f"gather: index has rank {index.ndim}, the tensor {nd}; they must "
+                             "match")
+        a = _axis(axis, nd, "gather")
+        x = self
+        cut = tuple(slice(None) if i == a or index.shape[i] == x.shape[i]
+                    else slice(0, index.shape[i]) for i in range(nd))
+        if any(s != slice(None) for s in cut):
+            x = x[cut]
+        return dispatch("GatherElements", (x, index), {"axis": a})
+
+    def topk(self, k: int, axis: int = -1, largest: bool = True, sorted: bool = True):
+        """The ``k`` largest (or smallest) elements along ``axis`` and their positions:
+        ``(values, indices)`` as PyTorch returns them (ONNX TopK; ties keep the lower index).
+        Differentiable in the values."""
+        a = _axis(axis, self.ndim, "topk")
+        n = self.shape[a] if self.ndim else 1
+        if isinstance(n, (int, np.integer)) and not 0 <= int(k) <= n:
+            raise ShapeError(f"topk: k={k} is outside [0, {n}] for axis {axis} of shape "
+                             f"{list(self.shape)}")
+        x = self if self.ndim else self.reshape(1)
+        values, indices = dispatch("TopK", (x, _const([int(k)])),
+                                   {"axis": a, "largest": int(largest), "sorted": 1})
+        if not self.ndim:
+            values, indices = values.reshape(), indices.reshape()
+        return SortResult(values, indices)
+
+    def sort(self, axis: int = -1, descending: bool = False, stable: bool = False):
+        """``(values, indices)`` sorted along ``axis``; equal elements keep their order (always
+        stable). A TopK over the whole axis, so the values have a gradient."""
+        a = _axis(axis, self.ndim, "sort")
+        n = self.shape[a] if self.ndim else 1
+        if not isinstance(n, (int, np.integer)):
+            trace_state.refuse("sort along a symbolic axis", "TopK needs its k as a constant",
+                               "sort along an axis of fixed size")
+        return self.topk(int(n), a if self.ndim else -1, largest=descending)
+
+    def argsort(self, axis: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+        """The positions that sort ``axis`` (I64); stable, as :meth:`sort`."""
+        return self.sort(axis, descending, stable).indices
+
+    def roll(self, shifts, dims=None) -> Tensor:
+        """PyTorch's ``roll``: elements shifted along ``dims`` (the flattened tensor without
+        them), those that fall off the end coming back at the start: two Slices and a Concat per
+        axis, so it has a gradient and traces for fixed sizes of the rolled axes."""
+        if dims is None:
+            if isinstance(shifts, (tuple, list)):
+                if len(shifts) != 1:
+                    raise OneModelError("roll: without dims, shifts is one number")
+                shifts = shifts[0]
+            return self.reshape(-1).roll(shifts, 0).reshape(*self.shape)
+        shifts = list(shifts) if isinstance(shifts, (tuple, list)) else [shifts]
+        dims = list(dims) if isinstance(dims, (tuple, list)) else [dims]
+        if len(shifts) != len(dims):
+            raise OneModelError(f"roll: {len(shifts)} shifts for {len(dims)} dims; give one "
+                                "shift per dim")
+        x = self
+        for shift, d in zip(shifts, dims):
+            a = _axis(d, x.ndim, "roll")
+            n = x.shape[a]
+            if not isinstance(n, (int, np.integer)):
+                trace_state.refuse("roll along a symbolic axis", "the split point depends on "
+                                   "the length", "roll along an axis of fixed size")
+            s = int(shift) % n if n else 0
+            if not s:
+                continue
+            head = tuple(slice(None) if i != a else slice(n - s, None) for i in range(x.ndim))
+            tail = tuple(slice(None) if i != a else slice(0, n - s) for i in range(x.ndim))
+            x = concat([x[head], x[tail]], axis=a)
+        return x
+
+    # DLPack: zero-copy exchange with numpy, PyTorch, JAX, CuPy ... ---------------------------------
+    def __dlpack__(self, *args, **kwargs):
+        """Export the data without copying (the DLPack protocol); the consumer (for instance
+        ``torch.from_dlpack(t)`` or ``np.from_dlpack(t)``) shares this tensor's memory."""
+        try:
+            return self._data.__dlpack__(*args, **kwargs)
+        except (BufferError, TypeError, ValueError, RuntimeError) as exc:
+            raise OneModelError(f"__dlpack__: cannot export a {self.dtype.name} tensor of shape "
+                                f"{list(self.shape)}: {exc}") from None
+
+    def __dlpack_device__(self):
+        return self._data.__dlpack_device__()
+
+    @classmethod
+    def from_dlpack(cls, source) -> Tensor:
+        """A tensor sharing the memory of ``source`` (anything with ``__dlpack__``: a torch
+        tensor, a numpy or JAX array, another Tensor): writes to one show in the other."""
+        if isinstance(source, Tensor):
+            return cls._wrap(source._data)
+        if not hasattr(source, "__dlpack__"):
+            raise OneModelError(f"from_dlpack expects an object with __dlpack__ (a torch "
+                                f"tensor, a numpy array, ...), got {type(source).__name__}")
+        try:
+            arr = np.from_dlpack(source)
+        except (BufferError, TypeError, ValueError, RuntimeError) as exc:
+            hint = (" (a torch tensor that requires grad: pass t.detach())"
+                    if getattr(source, "requires_grad", False) else "")
+            raise OneModelError(f"from_dlpack: cannot import a {type(source).__name__}{hint}: "
+                                f"{exc}") from None
+        DType.from_numpy(arr.dtype)
+        return cls._wrap(arr)
 
     # shapes -----------------------------------------------------------------------------------
     def reshape(self, *shape):
@@ -860,6 +973,50 @@ def _arg(op: str, x: Tensor, axis, keepdims: bool):
     if axis is None:
         return dispatch(op, (x.reshape(-1),), {"axis": 0, "keepdims": int(keepdims)})
     return dispatch(op, (x,), {"axis": int(axis), "keepdims": int(keepdims)})
+
+
+class SortResult(tuple):
+    """``(values, indices)`` of :meth:`Tensor.topk` and :meth:`Tensor.sort`, also by name as in
+    PyTorch (``x.sort().indices``)."""
+
+    __slots__ = ()
+
+    def __new__(cls, values: Tensor, indices: Tensor):
+        return super().__new__(cls, (values, indices))
+
+    @property
+    def values(self) -> Tensor:
+        return self[0]
+
+    @property
+    def indices(self) -> Tensor:
+        return self[1]
+
+
+def _axis(axis, nd: int, what: str) -> int:
+    n = max(nd, 1)
+    if not -n <= int(axis) < n:
+        raise ShapeError(f"{what}: axis {axis} is out of range for a tensor of rank {nd}")
+    return int(axis) % n
+
+
+def _index_tensor(index, what: str) -> Tensor:
+    if not isinstance(index, Tensor):
+        index = Tensor._wrap(np.asarray(index))
+    if index.dtype not in (DType.I64, DType.I32):
+        raise OneModelError(f"{what}: the index must hold integers, got {index.dtype.name}")
+    return index if index.dtype is DType.I64 else index.cast(DType.I64)
+
+
+def _any_all(op: str, x: Tensor, axis, keepdims: bool) -> Tensor:
+    flags = x if x.dtype is DType.BOOL else x.cast(DType.BOOL)
+    if not x._traced and x._data.size == 0:  # reductions of nothing: any False, all True
+        keep = np.asarray(x._data != 0)
+        fn = np.any if op == "ReduceMax" else np.all
+        return Tensor._wrap(np.asarray(fn(keep, axis=None if axis is None else
+                                          (axis if isinstance(axis, int) else tuple(axis)),
+                                          keepdims=keepdims)))
+    return _reduce(op, flags.cast(DType.I32), axis, keepdims).cast(DType.BOOL)
 
 
 # functions that take several tensors --------------------------------------------------------------

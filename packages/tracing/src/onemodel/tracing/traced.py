@@ -108,8 +108,6 @@ class TracedTensor(Tensor):
     __int__ = _refuse_read("__int__() (int(tensor))")
     __index__ = _refuse_read("__index__()")
     __bool__ = _refuse_read("__bool__() (an if or while on a tensor)")
-    any = _refuse_read("any()")
-    all = _refuse_read("all()")
     backward = _refuse_inplace("backward()")
     __setitem__ = _refuse_inplace("__setitem__ (x[...] = value)")
     add_ = _refuse_inplace("add_()")

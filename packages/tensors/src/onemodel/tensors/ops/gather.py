@@ -1,6 +1,7 @@
 """Index-driven ops with ONNX semantics: GatherElements, GatherND, ScatterElements, ScatterND,
-Trilu, CumSum, Range, Hardmax, TopK, DepthToSpace, SpaceToDepth, Einsum. Inference ops (no
-gradient rules)."""
+Trilu, CumSum, Range, Hardmax, TopK, DepthToSpace, SpaceToDepth, Einsum. GatherElements and TopK
+have gradient rules (a ScatterElements with reduction 'add' into zeros); the others are
+inference ops."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 from ..dtype import DType
 from ..errors import ShapeError
 from ..symbolic import DimExpr, add, floordiv, mul
+from ._grad import _tensor, call
 from .base import TensorSpec, const_ints, defop, norm_axis, same_dtype
 
 
@@ -16,7 +18,20 @@ def _positive(indices, size):
     return np.where(indices < 0, indices + size, indices).astype(np.int64)
 
 
-@defop("GatherElements", shape=lambda specs, axis=0: TensorSpec(specs[1].shape, specs[0].dtype))
+def _scatter_add_into_zeros(like, indices, g, axis):
+    """The gradient of picking elements of ``like`` at ``indices`` along ``axis``: ``g`` summed
+    into zeros shaped like ``like`` (repeated indices add up)."""
+    zeros = _tensor()._wrap(np.zeros(like.shape, g._data.dtype))
+    return call("ScatterElements", zeros, indices, g, axis=axis, reduction="add")
+
+
+def _gather_elements_grad(ctx, g):
+    data, indices = ctx.inputs
+    return _scatter_add_into_zeros(data, indices, g, ctx.attrs["axis"]), None
+
+
+@defop("GatherElements", shape=lambda specs, axis=0: TensorSpec(specs[1].shape, specs[0].dtype),
+       grad=_gather_elements_grad)
 def gather_elements(data, indices, *, axis=0):
     a = axis % data.ndim
     return np.take_along_axis(data, _positive(indices, data.shape[a]), axis=a)
@@ -150,7 +165,13 @@ def _topk_shape(specs, *, axis=-1, largest=1, sorted=1):
     return [TensorSpec(shape, x.dtype), TensorSpec(shape, DType.I64)]
 
 
-@defop("TopK", shape=_topk_shape, outputs=("Values", "Indices"), static=("K",))
+def _topk_grad(ctx, g_values, g_indices):
+    x = ctx.inputs[0]
+    indices = ctx.outputs[1]
+    return _scatter_add_into_zeros(x, indices, g_values, ctx.attrs["axis"]), None
+
+
+@defop("TopK", shape=_topk_shape, outputs=("Values", "Indices"), static=("K",), grad=_topk_grad)
 def top_k(X, K, *, axis=-1, largest=1, sorted=1):
     """The k largest (or smallest) elements along ``axis``; ties keep the lower index."""
     k = int(np.asarray(K).reshape(-1)[0])
