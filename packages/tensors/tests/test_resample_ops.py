@@ -193,23 +193,38 @@ def _onnx_reference(op, inputs, **attrs):
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [False, True])
-def test_grid_sample_matches_torch(mode, padding, align_corners):
+def test_grid_sample_matches_torch_forward_and_backward(mode, padding, align_corners):
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
-    grid = rng.uniform(-1.6, 1.6, (2, 4, 7, 2)).astype(np.float32)
-    onnx_mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    x = rng.standard_normal((2, 3, 5, 6))
+    grid = rng.uniform(-1.6, 1.6, (2, 4, 7, 2))
+    ox, og = Tensor.from_numpy(x).requires_grad_(), Tensor.from_numpy(grid).requires_grad_()
+    got = F.grid_sample(ox, og, mode=mode, padding_mode=padding, align_corners=align_corners)
+    g = rng.standard_normal(tuple(got.shape))
+    got.backward(Tensor.from_numpy(g))
     if mode == "bicubic" and padding == "border":
         # ONNX clamps the sampling point into the image before taking the 4 x 4 taps, PyTorch
-        # clamps each tap: here ONNX's reference evaluator is the oracle
-        want = _onnx_reference("GridSample", [x, grid], mode=onnx_mode, padding_mode=padding,
+        # clamps each tap: ONNX's reference evaluator and finite differences are the oracles
+        want = _onnx_reference("GridSample", [x.astype(np.float32), grid.astype(np.float32)],
+                               mode="cubic", padding_mode=padding,
                                align_corners=int(align_corners))
-    else:
-        want = TF.grid_sample(torch.tensor(x), torch.tensor(grid), mode=mode,
-                              padding_mode=padding, align_corners=align_corners).numpy()
-    got = dispatch("GridSample", (Tensor.from_numpy(x), Tensor.from_numpy(grid)),
-                   {"mode": onnx_mode, "padding_mode": padding,
-                    "align_corners": int(align_corners)}).numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+        eps = 1e-6
+        for arr, grad in ((x, ox.grad.numpy()), (grid, og.grad.numpy())):
+            v = rng.standard_normal(arr.shape)
+            args = [(x + eps * v, grid), (x - eps * v, grid)] if arr is x else \
+                [(x, grid + eps * v), (x, grid - eps * v)]
+            plus, minus = (F.grid_sample(Tensor.from_numpy(a), Tensor.from_numpy(b), mode=mode,
+                                         padding_mode=padding,
+                                         align_corners=align_corners).numpy() for a, b in args)
+            fd = np.sum((plus - minus) * g) / (2 * eps)
+            assert np.sum(grad * v) == pytest.approx(fd, rel=1e-5, abs=1e-6)
+        return
+    tx, tg = torch.tensor(x, requires_grad=True), torch.tensor(grid, requires_grad=True)
+    want = TF.grid_sample(tx, tg, mode=mode, padding_mode=padding, align_corners=align_corners)
+    want.backward(torch.tensor(g))
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(ox.grad.numpy(), tx.grad.numpy(), rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(og.grad.numpy(), tg.grad.numpy(), rtol=1e-7, atol=1e-9)
 
 
 def test_grid_sample_3d_matches_torch():

@@ -15,7 +15,14 @@ from .autograd import is_grad_enabled
 from .dtype import DType
 from .errors import OneModelError, ShapeError
 from .generator import Generator, default_generator
-from .resampling import interpolate, upsample, upsample_bilinear, upsample_nearest  # noqa: F401
+from .resampling import (  # noqa: F401 - torch.nn.functional names
+    affine_grid,
+    grid_sample,
+    interpolate,
+    upsample,
+    upsample_bilinear,
+    upsample_nearest,
+)
 from .tensor import Tensor, _call, _const, concat, where
 from .torch_names import accept_torch_names
 

@@ -1,4 +1,5 @@
-"""``interpolate`` as in ``torch.nn.functional``, mapped onto the Resize op.
+"""``interpolate`` (and ``grid_sample``, ``affine_grid``) as in ``torch.nn.functional``, mapped
+onto the Resize (GridSample, AffineGrid) op.
 
 Each PyTorch mode becomes the Resize form that computes the same thing:
 
@@ -146,4 +147,24 @@ def upsample_bilinear(input: Tensor, size=None, scale_factor=None) -> Tensor:
     return interpolate(input, size, scale_factor, mode="bilinear", align_corners=True)
 
 
-__all__: Sequence[str] = ["interpolate", "upsample", "upsample_bilinear", "upsample_nearest"]
+def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mode: str = "zeros",
+                align_corners: bool | None = None) -> Tensor:
+    """``torch.nn.functional.grid_sample``: the GridSample op (differentiable in both inputs).
+
+    ONNX and PyTorch agree except for ``bicubic`` with ``padding_mode='border'``, where ONNX
+    clamps the sampling point before taking its 4 x 4 taps and PyTorch clamps each tap."""
+    modes = {"bilinear": "linear", "nearest": "nearest", "bicubic": "cubic"}
+    if mode not in modes:
+        raise OneModelError(f"grid_sample: mode {mode!r} is not one of {', '.join(modes)}")
+    return _call("GridSample", input, grid, mode=modes[mode], padding_mode=padding_mode,
+                 align_corners=int(bool(align_corners)))
+
+
+def affine_grid(theta: Tensor, size, align_corners: bool | None = None) -> Tensor:
+    """``torch.nn.functional.affine_grid``: the AffineGrid op (differentiable in theta)."""
+    size_t = trace_state.shape_operand(tuple(size), sizes=False)
+    return _call("AffineGrid", theta, size_t, align_corners=int(bool(align_corners)))
+
+
+__all__: Sequence[str] = ["affine_grid", "grid_sample", "interpolate", "upsample",
+                          "upsample_bilinear", "upsample_nearest"]

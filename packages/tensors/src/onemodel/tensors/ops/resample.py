@@ -444,24 +444,40 @@ def _reflect(x, lo, hi):
     return np.where(below, low_side, np.where(above, high_side, x))
 
 
+def _reflect_slope(x, lo, hi):
+    """d reflect(x) / dx: +1 or -1 by how many times ``x`` was reflected."""
+    span = hi - lo
+    if span <= 0:
+        return np.zeros_like(x)
+    below, above = x < lo, x > hi
+    dx = np.where(below, lo - x, np.where(above, x - hi, 0.0))
+    even = np.floor(dx / span) % 2 == 0
+    return np.where(below | above, np.where(even, -1.0, 1.0), 1.0)
+
+
 def _gs_taps(x, size, mode, padding_mode, align_corners):
-    """(indices (P, T), weights (P, T)) along one axis for normalized coordinates ``x`` (P,)."""
+    """(indices (P, T), weights (P, T), d weights / d x (P, T)) along one axis for normalized
+    coordinates ``x`` (P,)."""
     if align_corners:
         pos = (x + 1) / 2 * (size - 1)
-        lo, hi = 0.0, size - 1.0
+        lo, hi, dpos = 0.0, size - 1.0, (size - 1) / 2
     else:
         pos = ((x + 1) * size - 1) / 2
-        lo, hi = -0.5, size - 0.5
+        lo, hi, dpos = -0.5, size - 0.5, size / 2
     if mode == "nearest":
         pos = np.rint(pos)
     outside = (pos < lo) | (pos > hi)
+    slope = np.full(pos.shape, float(dpos))
     if padding_mode == "border":
+        slope = np.where(outside & ((pos < 0) | (pos > size - 1)), 0.0, slope)
         pos = np.where(outside, np.clip(pos, 0, size - 1), pos)
     elif padding_mode == "reflection":
+        slope = slope * _reflect_slope(pos, lo, hi)
         pos = np.where(outside, _reflect(pos, lo, hi), pos)
     if mode == "nearest":
         idx = np.trunc(pos).astype(np.int64)[:, None]
         w = np.ones(idx.shape)
+        dw = np.zeros(idx.shape)
     else:
         base = np.floor(pos)
         t = pos - base
@@ -469,47 +485,120 @@ def _gs_taps(x, size, mode, padding_mode, align_corners):
         if mode == "linear":
             idx = base[:, None] + np.array([0, 1])[None, :]
             w = np.stack([1 - t, t], axis=1)
+            dw = np.stack([-np.ones_like(t), np.ones_like(t)], axis=1)
         else:
-            idx = base[:, None] + np.array([-1, 0, 1, 2])[None, :]
-            w = _cubic(np.array([-1, 0, 1, 2])[None, :] - t[:, None], -0.75)
+            offsets = np.array([-1, 0, 1, 2])[None, :]
+            idx = base[:, None] + offsets
+            w = _cubic(offsets - t[:, None], -0.75)
+            dw = -_cubic_slope(offsets - t[:, None], -0.75)
+        dw = dw * slope[:, None]
     if padding_mode == "zeros":
-        w = np.where((idx < 0) | (idx >= size), 0.0, w)
+        out = (idx < 0) | (idx >= size)
+        w = np.where(out, 0.0, w)
+        dw = np.where(out, 0.0, dw)
     elif padding_mode == "reflection":
         idx = np.trunc(_reflect(idx.astype(np.float64), lo, hi)).astype(np.int64)
-    return np.clip(idx, 0, max(size - 1, 0)), w
+    return np.clip(idx, 0, max(size - 1, 0)), w, dw
 
 
-@defop("GridSample", shape=_grid_sample_shape)
+def _cubic_slope(t, a):
+    """d _cubic(t) / dt."""
+    s = np.sign(t)
+    t = np.abs(t)
+    near = 3 * (a + 2) * t * t - 2 * (a + 3) * t
+    far = 3 * a * t * t - 10 * a * t + 8 * a
+    return s * np.where(t <= 1, near, np.where(t < 2, far, 0.0))
+
+
+def _gs_setup(X, grid, mode, padding_mode, align_corners):
+    n = X.shape[0]
+    spatial = X.shape[2:]
+    nd = len(spatial)
+    p = math.prod(grid.shape[1:-1])
+    coords = grid.reshape(n, p, nd).astype(np.float64)
+    strides = [math.prod(spatial[i + 1:]) for i in range(nd)]
+    taps = []
+    for i in range(nd):  # spatial axis i reads grid coordinate nd - 1 - i (x is the last axis)
+        idx, w, dw = _gs_taps(coords[..., nd - 1 - i].reshape(-1), spatial[i], mode,
+                              padding_mode, align_corners)
+        taps.append((idx.reshape(n, p, -1), w.reshape(n, p, -1), dw.reshape(n, p, -1)))
+    return p, strides, taps
+
+
+def _gs_combos(taps, strides, n, p):
+    """(flat offsets (N, P), weights (N, P), [d weights / d coordinate i]) per tap combination."""
+    for combo in np.ndindex(*(t[0].shape[-1] for t in taps)):
+        offset = np.zeros((n, p), np.int64)
+        parts = []
+        for i, k in enumerate(combo):
+            offset += taps[i][0][..., k] * strides[i]
+            parts.append((taps[i][1][..., k], taps[i][2][..., k]))
+        weight = np.prod([w for w, _ in parts], axis=0)
+        slopes = []
+        for i in range(len(parts)):
+            d = parts[i][1]
+            for j, (w, _) in enumerate(parts):
+                if j != i:
+                    d = d * w
+            slopes.append(d)
+        yield offset, weight, slopes
+
+
+def _grid_sample_grad(ctx, g):
+    x, grid = ctx.inputs
+    gx, ggrid = call("GridSampleGrad", x, grid, g, **ctx.attrs)
+    return (gx if x.requires_grad else None), (ggrid if grid.requires_grad else None)
+
+
+@defop("GridSample", shape=_grid_sample_shape, grad=_grid_sample_grad)
 def grid_sample(X, grid, *, align_corners=0, mode="linear", padding_mode="zeros"):
     """ONNX GridSample (opset 20): sample X at the grid's normalized coordinates (x, y[, z]
     in [-1, 1]) with nearest, linear or cubic interpolation and zeros, border or reflection
     padding."""
     mode, padding_mode = _text(mode), _text(padding_mode)
     n, c = X.shape[:2]
+    out_sp = grid.shape[1:-1]
+    if n * c * math.prod(out_sp) == 0:
+        return np.zeros((n, c, *out_sp), X.dtype)
+    p, strides, taps = _gs_setup(X, grid, mode, padding_mode, align_corners)
+    flat = X.reshape(n, c, -1).transpose(0, 2, 1)  # (N, S, C)
+    batch = np.arange(n)[:, None]
+    out = np.zeros((n, p, c))
+    for offset, weight, _ in _gs_combos(taps, strides, n, p):
+        out += flat[batch, offset] * weight[..., None]
+    return np.ascontiguousarray(out.transpose(0, 2, 1)).reshape(n, c, *out_sp).astype(X.dtype)
+
+
+def _gs_grad_shape(specs, **attrs):
+    x, grid = specs[0], specs[1]
+    return [TensorSpec(x.shape, x.dtype), TensorSpec(grid.shape, grid.dtype)]
+
+
+@defop("GridSampleGrad", shape=_gs_grad_shape, outputs=("dX", "dgrid"), domain="onemodel")
+def grid_sample_grad(X, grid, dY, *, align_corners=0, mode="linear", padding_mode="zeros"):
+    """Gradient of GridSample: dY scattered back onto X's taps, and the slope of the
+    interpolation along each coordinate (zero for nearest and where border padding clamps)."""
+    mode, padding_mode = _text(mode), _text(padding_mode)
+    n, c = X.shape[:2]
     spatial = X.shape[2:]
     nd = len(spatial)
-    out_sp = grid.shape[1:-1]
-    p = math.prod(out_sp)
-    if n * c * p == 0:
-        return np.zeros((n, c, *out_sp), X.dtype)
-    coords = grid.reshape(n, p, nd).astype(np.float64)
-    flat = X.reshape(n, c, -1)
-    strides = [math.prod(spatial[i + 1:]) for i in range(nd)]
-    out = np.zeros((n, p, c))
+    s = math.prod(spatial)
+    if n * c * math.prod(grid.shape[1:-1]) == 0:
+        return np.zeros_like(X), np.zeros_like(grid)
+    p, strides, taps = _gs_setup(X, grid, mode, padding_mode, align_corners)
+    flat = X.reshape(n, c, s).transpose(0, 2, 1).astype(np.float64)  # (N, S, C)
+    gy = dY.reshape(n, c, p).transpose(0, 2, 1).astype(np.float64)  # (N, P, C)
     batch = np.arange(n)[:, None]
-    taps = []
-    for i in range(nd):  # spatial axis i reads grid coordinate nd - 1 - i (x is the last axis)
-        idx, w = _gs_taps(coords[..., nd - 1 - i].reshape(-1), spatial[i], mode, padding_mode,
-                          align_corners)
-        taps.append((idx.reshape(n, p, -1), w.reshape(n, p, -1)))
-    for combo in np.ndindex(*(t[0].shape[-1] for t in taps)):
-        offset = np.zeros((n, p), np.int64)
-        weight = np.ones((n, p))
-        for i, k in enumerate(combo):
-            offset += taps[i][0][..., k] * strides[i]
-            weight *= taps[i][1][..., k]
-        out += flat.transpose(0, 2, 1)[batch, offset] * weight[..., None]
-    return np.ascontiguousarray(out.transpose(0, 2, 1)).reshape(n, c, *out_sp).astype(X.dtype)
+    dx = np.zeros((n * s, c))
+    dpos = np.zeros((n, p, nd))
+    rows = (batch * s).astype(np.int64)
+    for offset, weight, slopes in _gs_combos(taps, strides, n, p):
+        np.add.at(dx, (rows + offset).reshape(-1), (gy * weight[..., None]).reshape(-1, c))
+        value = np.einsum("npc,npc->np", flat[batch, offset], gy)
+        for i in range(nd):
+            dpos[..., nd - 1 - i] += value * slopes[i]
+    dX = dx.reshape(n, s, c).transpose(0, 2, 1).reshape(X.shape).astype(X.dtype)
+    return np.ascontiguousarray(dX), dpos.reshape(grid.shape).astype(grid.dtype)
 
 
 @onnx_adapter("GridSample", before=20)
