@@ -6,6 +6,7 @@ import pytest
 
 from onemodel.tensors import Tensor
 from onemodel.training import (
+    LSTM,
     AdaptiveAvgPool2d,
     BatchNorm2d,
     Checkpoint,
@@ -70,8 +71,33 @@ def _transformer_pair(norm_first):
     return OurTransformer(norm_first), TorchTransformer(norm_first), ids
 
 
+class OurLSTM(Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = Embedding(20, 8)
+        self.lstm = LSTM(8, 12, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = Linear(24, 3)
+
+    def forward(self, ids):
+        out, _ = self.lstm(self.embed(ids))
+        return self.head(out)
+
+
+class TorchLSTM(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = tnn.Embedding(20, 8)
+        self.lstm = tnn.LSTM(8, 12, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = tnn.Linear(24, 3)
+
+    def forward(self, ids):
+        out, _ = self.lstm(self.embed(ids))
+        return self.head(out)
+
+
 def _pairs():
     yield "cnn", _cnn_pair()
+    yield "lstm", (OurLSTM(), TorchLSTM(), np.random.default_rng(2).integers(0, 20, (3, 6)))
     yield "transformer-post", _transformer_pair(False)
     yield "transformer-pre", _transformer_pair(True)
 
