@@ -255,3 +255,61 @@ def test_mel_weight_matrix_triangles():
     assert np.allclose(w.max(axis=0), 1.0)
     peaks = w.argmax(axis=0)
     assert (np.diff(peaks) > 0).all()
+
+
+# DeformConv, RoiAlign (torchvision is not a test dependency: checked against torch's conv and
+# against exact cases; ONNX's expected outputs cover the general case) -----------------------
+
+def test_deform_conv_with_zero_and_integer_offsets_is_torch_conv():
+    x = RNG.standard_normal((2, 4, 6, 7))
+    w = RNG.standard_normal((6, 2, 3, 3))
+    b = RNG.standard_normal(6)
+    attrs = dict(group=2, offset_group=2, pads=(1, 1, 1, 1), strides=(2, 1))
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b),
+                                     stride=(2, 1), padding=1, groups=2).numpy()
+    off = np.zeros((2, 2 * 9 * 2) + ref.shape[2:])
+    np.testing.assert_allclose(run("DeformConv", x, w, off, b, **attrs).numpy(), ref,
+                               rtol=1e-10, atol=1e-12)
+    # every tap moved one column right (no padding): the conv of the input shifted left,
+    # zero filled, and a mask of 1/2 halves it
+    attrs["pads"] = (0, 0, 0, 0)
+    shifted = np.concatenate([x[..., 1:], np.zeros_like(x[..., :1])], axis=-1)
+    ref = torch.nn.functional.conv2d(torch.tensor(shifted), torch.tensor(w), None,
+                                     stride=(2, 1), groups=2).numpy()
+    off = np.zeros((2, 2 * 9 * 2) + ref.shape[2:])
+    off.reshape(2, 2, 9, 2, *ref.shape[2:])[:, :, :, 1] = 1.0
+    mask = np.full((2, 2 * 9) + ref.shape[2:], 0.5)
+    np.testing.assert_allclose(run("DeformConv", x, w, off, None, mask, **attrs).numpy(),
+                               ref / 2, rtol=1e-10, atol=1e-12)
+    (spec,) = OPS["DeformConv"].infer([TensorSpec((N, 4, L, 7), DType.F32),
+                                       TensorSpec((6, 2, 3, 3), DType.F32),
+                                       TensorSpec((N, 36, L, 7), DType.F32)],
+                                      {"group": 2, "offset_group": 2, "pads": (1, 1, 1, 1)})
+    assert spec.shape == (N, 6, L, 7)
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+def test_roi_align_at_pixel_centres_reads_the_map(mode):
+    x = RNG.uniform(0.5, 2.0, (2, 3, 5, 6))
+    rois = np.asarray([[0, 0, 6, 5], [2, 1, 4, 3]], np.float64)
+    y = run("RoiAlign", x, rois, ints([1, 0]), output_height=5, output_width=6,
+            sampling_ratio=1, mode=mode).numpy()
+    np.testing.assert_allclose(y[0], x[1], rtol=1e-12)  # one sample per pixel centre
+    # a 2x2 region in 2x2 bins, 2x2 samples per bin: the samples sit 1/4 pixel either side of
+    # a pixel centre, so per axis the bin weighs that pixel 3/4 and each neighbour 1/8
+    z = run("RoiAlign", x, rois[1:], ints([0]), output_height=2, output_width=2,
+            sampling_ratio=2, mode=mode).numpy()
+    assert z.shape == (1, 3, 2, 2)
+    if mode == "avg":
+        samples = []
+        for ph in range(2):
+            for pw in range(2):
+                cy, cx = 1 + ph, 2 + pw  # the pixel whose centre the bin covers
+                vals = [x[0, :, cy + dy, cx + dx] * wy * wx
+                        for dy, wy in ((-1, 1 / 8), (0, 3 / 4), (1, 1 / 8))
+                        for dx, wx in ((-1, 1 / 8), (0, 3 / 4), (1, 1 / 8))]
+                samples.append(sum(vals))
+        np.testing.assert_allclose(z[0].transpose(1, 2, 0).reshape(4, 3), np.stack(samples),
+                                   rtol=1e-12)
+    with pytest.raises(ShapeError, match="batch_indices"):
+        run("RoiAlign", x, rois, ints([0, 2]))

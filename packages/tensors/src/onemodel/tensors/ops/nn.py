@@ -946,3 +946,181 @@ def max_unpool(X, I, output_shape=None, *, kernel_shape=(), pads=None, strides=N
     out = np.zeros(shape, X.dtype)
     out[tuple(slice(0, i) for i in inferred)] = y
     return out
+
+
+# DeformConv, RoiAlign --------------------------------------------------------------------------
+
+def _deform_conv_shape(specs, *, dilations=None, group=1, kernel_shape=None, offset_group=1,
+                       pads=None, strides=None):
+    x, w, off = specs[0], specs[1], specs[2]
+    dt = same_dtype([s for s in specs if s is not None], FLOATING)
+    nd, k = _conv_attrs_shape(x.shape, w.shape, "NOTSET", dilations, kernel_shape, pads,
+                              strides, "DeformConv")
+    c = x.shape[1]
+    if isinstance(c, int) and isinstance(w.shape[1], int) and c != w.shape[1] * group:
+        raise ShapeError(f"input has {c} channels but W expects {w.shape[1]} x group {group}")
+    if isinstance(c, int) and c % offset_group:
+        raise ShapeError(f"{c} channels do not split into {offset_group} offset groups")
+    kk = math.prod(k)
+    if len(off.shape) != nd + 2 or (isinstance(off.shape[1], int)
+                                    and off.shape[1] != offset_group * kk * nd):
+        raise ShapeError(f"offset has shape {format_shape(off.shape)}; it must be (N, "
+                         f"{offset_group * kk * nd}, *output) for offset_group {offset_group} "
+                         f"and kernel {list(k)}")
+    s = strides or (1,) * nd
+    d = dilations or (1,) * nd
+    p = pads or (0,) * (2 * nd)
+    out = tuple(add(floordiv(add(x.shape[2 + i], p[i] + p[i + nd] - (k[i] - 1) * d[i] - 1), s[i]),
+                    1) for i in range(nd))
+    return TensorSpec((x.shape[0], w.shape[0], *out), dt)
+
+
+def _bilinear_columns(X, pos, offset_group):
+    """Values of X (N, C, *sp) at fractional positions ``pos`` (nd, N, G, P) by (multi)linear
+    interpolation, zero outside: (N, C, P), each channel reading its offset group's positions."""
+    n, c = X.shape[:2]
+    sp = X.shape[2:]
+    nd = len(sp)
+    flat = X.reshape(n, offset_group, c // offset_group, math.prod(sp))
+    low = [np.floor(p) for p in pos]
+    out = np.zeros((n, offset_group, c // offset_group, pos.shape[-1]), X.dtype)
+    for corner in np.ndindex(*(2,) * nd):
+        weight = np.ones(pos.shape[1:], X.dtype)
+        index = np.zeros(pos.shape[1:], np.int64)
+        for i in range(nd):
+            at = low[i] + corner[i]
+            weight = weight * (1 - np.abs(pos[i] - at))
+            inside = (at >= 0) & (at <= sp[i] - 1)
+            weight = np.where(inside, weight, 0)
+            index = index * sp[i] + np.clip(at, 0, sp[i] - 1).astype(np.int64)
+        values = np.take_along_axis(flat, index[:, :, None, :], axis=3)
+        out += values * weight[:, :, None, :]
+    return out.reshape(n, c, pos.shape[-1])
+
+
+@defop("DeformConv", shape=_deform_conv_shape)
+def deform_conv(X, W, offset, B=None, mask=None, *, dilations=None, group=1, kernel_shape=None,
+                offset_group=1, pads=None, strides=None):
+    """ONNX DeformConv: a convolution whose kernel taps are moved by ``offset`` (per output
+    position, per offset group of channels) and read by linear interpolation (zero outside
+    the input), each tap scaled by ``mask``."""
+    nd = X.ndim - 2
+    k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
+    s = tuple(strides) if strides else (1,) * nd
+    d = tuple(dilations) if dilations else (1,) * nd
+    p = tuple(pads) if pads else (0,) * (2 * nd)
+    n, c = X.shape[:2]
+    m = W.shape[0]
+    out_sp = offset.shape[2:]
+    expect = tuple((X.shape[2 + i] + p[i] + p[i + nd] - (k[i] - 1) * d[i] - 1) // s[i] + 1
+                   for i in range(nd))
+    kk, og = math.prod(k), offset_group
+    if out_sp != expect or offset.shape[1] != og * kk * nd or c != W.shape[1] * group:
+        raise ShapeError(f"DeformConv: offset {list(offset.shape)} must be (N, {og * kk * nd}, "
+                         f"{', '.join(map(str, expect))}) and X's {c} channels W's "
+                         f"{W.shape[1]} x group {group}")
+    length = math.prod(out_sp)
+    # positions (nd, N, G, K, L): the tap's place in the padded grid plus its offset
+    off = offset.reshape(n, og, kk, nd, length).transpose(3, 0, 1, 2, 4)
+    taps = np.stack(np.meshgrid(*[np.arange(kk_) * dd for kk_, dd in zip(k, d)],
+                                indexing="ij")).reshape(nd, kk)
+    grid = np.stack(np.meshgrid(*[np.arange(o) * ss - pb for o, ss, pb in zip(out_sp, s, p)],
+                                indexing="ij")).reshape(nd, length)
+    pos = (taps[:, None, None, :, None] + grid[:, None, None, None, :] + off).astype(X.dtype)
+    cols = _bilinear_columns(X, pos.reshape(nd, n, og, kk * length), og)  # (N, C, K * L)
+    cols = cols.reshape(n, og, c // og, kk, length)
+    if mask is not None:
+        cols = cols * mask.reshape(n, og, 1, kk, length)
+    cols = cols.reshape(n, group, (c // group) * kk, length)
+    w = W.reshape(group, m // group, (c // group) * kk)
+    y = np.matmul(w, cols).reshape(n, m, *out_sp)
+    if B is not None:
+        y = y + B.reshape((1, m) + (1,) * nd)
+    return y.astype(X.dtype, copy=False)
+
+
+def _roi_align_shape(specs, *, coordinate_transformation_mode="half_pixel", mode="avg",
+                     output_height=1, output_width=1, sampling_ratio=0, spatial_scale=1.0):
+    x, rois, idx = specs
+    dt = same_dtype([x, rois], FLOATING)
+    if len(x.shape) != 4:
+        raise ShapeError(f"RoiAlign needs X (N, C, H, W), got {x}")
+    if len(rois.shape) != 2 or (isinstance(rois.shape[1], int) and rois.shape[1] != 4):
+        raise ShapeError(f"RoiAlign rois must be (num_rois, 4), got {rois}")
+    if idx.dtype not in (DType.I64, DType.I32) or len(idx.shape) != 1:
+        raise ShapeError(f"RoiAlign batch_indices must be a 1-D integer tensor, got {idx}")
+    if mode not in ("avg", "max"):
+        raise ShapeError(f"RoiAlign mode must be 'avg' or 'max', got {mode!r}")
+    if coordinate_transformation_mode not in ("half_pixel", "output_half_pixel"):
+        raise ShapeError("RoiAlign coordinate_transformation_mode must be 'half_pixel' or "
+                         f"'output_half_pixel', got {coordinate_transformation_mode!r}")
+    return TensorSpec((rois.shape[0], x.shape[1], output_height, output_width), dt)
+
+
+def _roi_samples(start, size, bins, grid, extent):
+    """Per bin and sample along one axis: low and high indices, their weights, and whether the
+    sample lies near the map (ONNX's reference: beyond [-1, extent] a sample reads zero)."""
+    t = start + np.arange(bins)[:, None] * (size / bins) + \
+        (np.arange(grid)[None, :] + 0.5) * (size / bins) / max(grid, 1)  # (bins, grid)
+    near = (t >= -1.0) & (t <= extent)
+    t = np.maximum(t, 0)
+    low = np.floor(t).astype(np.int64)
+    edge = low >= extent - 1
+    low = np.where(edge, extent - 1, low)
+    high = np.where(edge, extent - 1, low + 1)
+    frac = np.where(edge, 0.0, t - low)
+    return low, high, 1 - frac, frac, near
+
+
+@defop("RoiAlign", shape=_roi_align_shape)
+def roi_align(X, rois, batch_indices, *, coordinate_transformation_mode="half_pixel",
+              mode="avg", output_height=1, output_width=1, sampling_ratio=0,
+              spatial_scale=1.0):
+    """ONNX RoiAlign: each region of interest (x1, y1, x2, y2, scaled by ``spatial_scale``)
+    cut into output_height x output_width bins, each the average (or, as ONNX defines "max",
+    the largest weighted corner) of bilinear samples on a regular grid (``sampling_ratio`` per
+    axis, or ceil(bin size) when 0)."""
+    n, c, h, w = X.shape
+    r = rois.shape[0]
+    idx = np.asarray(batch_indices).reshape(-1)
+    if idx.shape != (r,) or (r and (idx.min() < 0 or idx.max() >= n)):
+        raise ShapeError(f"RoiAlign batch_indices {idx.tolist()} must hold {r} indices below {n}")
+    half = coordinate_transformation_mode == "half_pixel"
+    shift = 0.5 if half else 0.0
+    out = np.empty((r, c, output_height, output_width), X.dtype)
+    for i in range(r):
+        x1, y1, x2, y2 = (float(v) * spatial_scale - shift for v in rois[i])
+        rh, rw = y2 - y1, x2 - x1
+        if not half:
+            rh, rw = max(rh, 1.0), max(rw, 1.0)
+        gh = sampling_ratio if sampling_ratio > 0 else int(np.ceil(rh / output_height))
+        gw = sampling_ratio if sampling_ratio > 0 else int(np.ceil(rw / output_width))
+        ylo, yhi, ywl, ywh, ynear = _roi_samples(y1, rh, output_height, gh, h)
+        xlo, xhi, xwl, xwh, xnear = _roi_samples(x1, rw, output_width, gw, w)
+        data = X[int(idx[i])].astype(np.float64)
+        if mode == "avg":
+            # separable: Y = Ay @ data @ Ax^T with each sample's two weights per axis
+            ay = np.zeros((output_height, h))
+            ax = np.zeros((output_width, w))
+            rows = np.arange(output_height)[:, None]
+            cols = np.arange(output_width)[:, None]
+            np.add.at(ay, (rows, ylo), ywl * ynear)
+            np.add.at(ay, (rows, yhi), ywh * ynear)
+            np.add.at(ax, (cols, xlo), xwl * xnear)
+            np.add.at(ax, (cols, xhi), xwh * xnear)
+            count = max(gh * gw, 1)
+            out[i] = (ay @ data @ ax.T / count).astype(X.dtype)
+            continue
+        # max: per sample, the largest of its four weighted corners; then over the bin
+        near = ynear[:, :, None, None] & xnear[None, None]  # (oh, gh, ow, gw)
+        best = None
+        for yi, wy in ((ylo, ywl), (yhi, ywh)):
+            for xi, wx in ((xlo, xwl), (xhi, xwh)):
+                weight = np.where(near, wy[:, :, None, None] * wx[None, None], 0.0)
+                v = data[:, yi[:, :, None, None], xi[None, None]] * weight
+                best = v if best is None else np.maximum(best, v)
+        if gh * gw == 0:
+            out[i] = 0
+        else:
+            out[i] = best.max(axis=(2, 4)).astype(X.dtype)
+    return out
