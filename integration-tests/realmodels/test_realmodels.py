@@ -18,8 +18,9 @@ ort = pytest.importorskip("onnxruntime")
 
 import builders  # noqa: E402
 
+from onemodel.onnx.importer import from_model  # noqa: E402
 from onemodel.runtime import Session  # noqa: E402
-from onemodel.tensors import DimExpr  # noqa: E402
+from onemodel.tensors import DimExpr, OneModelError  # noqa: E402
 
 # (model, exporter) -> the reason it cannot pass yet; strict, so it shows when it starts passing
 XFAIL: dict[tuple[str, str], str] = {}
@@ -79,3 +80,30 @@ def test_real_model_loads_symbolic_and_agrees_with_onnxruntime(name, exporter):
 
 def feeds_shapes(feeds) -> str:
     return ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_inputs_whose_axes_carry_different_names(name):
+    # files written by other tools name the mask's axes apart from the ids' (batch_size,
+    # sequence_length against batch, seq): the mask broadcasts against the attention scores
+    # over two different symbols, settled when the plan sees real sizes
+    spec = builders.specs()[name]
+    model = onnx.load(str(builders.exported(name, "torchscript")))
+    for v in model.graph.input:
+        if v.name == "attention_mask":
+            for d, new in zip(v.type.tensor_type.shape.dim, ("batch_size", "sequence_length")):
+                d.dim_param = new
+    session = Session(from_model(model, name))
+    mask = next(v for v in session.graph.inputs if v.name == "attention_mask")
+    assert [str(d) for d in mask.shape] == ["batch_size", "sequence_length"]
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for which in (0, 1):
+        feeds = spec.feeds(which)
+        want = ref.run(None, feeds)[0]
+        got = session.run(feeds, return_numpy=True)[spec.outputs[0]]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+    bad = spec.feeds(0)
+    bad["attention_mask"] = bad["attention_mask"][:, :-1]  # one position short
+    with pytest.raises(OneModelError):
+        session.run(bad)
