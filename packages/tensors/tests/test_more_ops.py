@@ -313,3 +313,19 @@ def test_roi_align_at_pixel_centres_reads_the_map(mode):
                                    rtol=1e-12)
     with pytest.raises(ShapeError, match="batch_indices"):
         run("RoiAlign", x, rois, ints([0, 2]))
+
+
+# reductions over an empty axis ------------------------------------------------------------------
+
+def test_reductions_over_an_empty_axis():
+    x = np.zeros((3, 0), np.float32)
+    # ONNX (opset 18): the identity of max / min
+    np.testing.assert_array_equal(run("ReduceMax", x, ints([1]), keepdims=0).numpy(),
+                                  np.full(3, -np.inf, np.float32))
+    np.testing.assert_array_equal(run("ReduceMin", x.astype(np.int32), ints([1])).numpy(),
+                                  np.full((3, 1), np.iinfo(np.int32).max))
+    # an index has no identity: refused, unless the result is empty too
+    with pytest.raises(ShapeError, match="ArgMax over axis 1 of size 0"):
+        run("ArgMax", x, axis=1)
+    assert run("ArgMin", x, axis=0, keepdims=0).numpy().shape == (0,)
+    assert run("ArgMax", np.zeros((0, 0)), axis=1).numpy().shape == (0, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtype import NUMERIC, DType
+from ..errors import ShapeError
 from .adapters import ImportNode, attribute_to_input, onnx_adapter
 from .base import TensorSpec, const_ints, defop, norm_axis, same_dtype
 
@@ -140,6 +141,15 @@ def _arg_shape(specs, *, axis=0, keepdims=1, select_last_index=0):
 
 
 def _arg(fn, data, axis, keepdims, select_last_index):
+    if data.shape[axis] == 0:  # no element to pick: only an empty result has an answer
+        shape = list(data.shape)
+        shape[axis] = 1
+        if np.prod(shape) != 0:
+            name = "ArgMax" if fn is np.argmax else "ArgMin"
+            raise ShapeError(f"{name} over axis {axis} of size 0 has no index to give "
+                             f"(input shape {list(data.shape)})")
+        out = np.zeros(shape, np.int64)
+        return out if keepdims else np.squeeze(out, axis)
     if select_last_index:
         flipped = np.flip(data, axis=axis)
         out = data.shape[axis] - 1 - fn(flipped, axis=axis)
