@@ -140,6 +140,23 @@ def test_layers_are_independent_copies():
         TransformerDecoderLayer(D, H, FF, activation="swish")
 
 
+def test_attention_traces_when_an_example_length_equals_the_head_count():
+    """4 heads of width 4 and a target of example length 4: the layer's own reshape sizes stay
+    constants instead of being read as the symbolic length."""
+    dec = TransformerDecoderLayer(D, H, FF, batch_first=True).eval()
+
+    def decode(tgt, memory):
+        return dec(tgt, memory)
+
+    traced = Tracer(decode).trace(
+        {"tgt": Tensor(f32(2, 4, D)), "memory": Tensor(f32(2, 6, D, seed=1))},
+        axes={"tgt": ("batch", "tgt_len", None), "memory": ("batch", "src_len", None)},
+        output_names=["output"])
+    t, m = f32(3, 5, D, seed=5), f32(3, 2, D, seed=6)
+    np.testing.assert_allclose(traced.run({"tgt": t, "memory": m})["output"].numpy(),
+                               decode(Tensor(t), Tensor(m)).numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_encoder_and_decoder_trace_with_symbolic_batch_and_sequence():
     enc = TransformerEncoder(TransformerEncoderLayer(D, H, FF, batch_first=True), 2,
                              norm=LayerNorm(D)).eval()

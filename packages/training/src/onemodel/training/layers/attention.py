@@ -7,8 +7,9 @@ import copy
 import math
 from collections.abc import Callable
 
-from onemodel.tensors import DType, Generator, OneModelError, Tensor, where
+from onemodel.tensors import DType, Generator, OneModelError, Tensor, trace_state, where
 from onemodel.tensors import functional as F
+from onemodel.tensors.dispatch import dispatch
 
 from .. import init
 from ..module import Module
@@ -51,9 +52,9 @@ class MultiheadAttention(Module):
         q = F.linear(query, w[:e], None if b is None else b[:e])
         k = F.linear(key, w[e : 2 * e], None if b is None else b[e : 2 * e])
         v = F.linear(value, w[2 * e :], None if b is None else b[2 * e :])
-        q = q.reshape(n, length, h, d).transpose(1, 2)
-        k = k.reshape(n, source, h, d).transpose(1, 2)
-        v = v.reshape(n, source, h, d).transpose(1, 2)
+        q = _reshape(q, n, length, h, d).transpose(1, 2)
+        k = _reshape(k, n, source, h, d).transpose(1, 2)
+        v = _reshape(v, n, source, h, d).transpose(1, 2)
         scores = (q @ k.mT) * (1.0 / math.sqrt(d))
         if is_causal and attn_mask is None:
             attn_mask = ~F.causal_mask(scores)  # True marks what may not attend
@@ -64,7 +65,7 @@ class MultiheadAttention(Module):
         weights = scores.softmax(-1)
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, self.dropout, True, self.generator)
-        out = (weights @ v).transpose(1, 2).reshape(n, length, e)
+        out = _reshape((weights @ v).transpose(1, 2), n, length, e)
         out = self.out_proj(out)
         if not self.batch_first:
             out = out.transpose(0, 1)
@@ -74,6 +75,13 @@ class MultiheadAttention(Module):
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"
+
+
+def _reshape(x: Tensor, *dims) -> Tensor:
+    """Reshape to ``dims`` as given: the head count and width are the layer's own constants, so
+    the tracer must not take one for a symbolic axis whose example size happens to be equal (a
+    sequence of 4 with 4 heads), as it would a user's plain int."""
+    return dispatch("Reshape", (x, trace_state.shape_operand(dims, of=x, sizes=False)))
 
 
 def _apply_mask(scores: Tensor, mask: Tensor) -> Tensor:
