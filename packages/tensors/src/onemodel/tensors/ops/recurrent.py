@@ -541,7 +541,7 @@ def lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=
     return _run("LSTM", X, W, R, B, sequence_lens, initial_h, initial_c, P, locals())
 
 
-@defop("RNNGrad", shape=_grad_shape("RNN"), domain="onemodel",
+@defop("RNNGrad", shape=_grad_shape("RNN"), domain="onemodel", traceable=False,
        outputs=("dX", "dW", "dR", "dB", "dinitial_h"))
 def rnn_grad(X, W, R, B=None, sequence_lens=None, initial_h=None, dY=None, dY_h=None, *,
              activation_alpha=None, activation_beta=None, activations=None, clip=None,
@@ -551,7 +551,7 @@ def rnn_grad(X, W, R, B=None, sequence_lens=None, initial_h=None, dY=None, dY_h=
     return _run("RNN", X, W, R, B, sequence_lens, initial_h, None, None, a, (dY, dY_h, None))
 
 
-@defop("GRUGrad", shape=_grad_shape("GRU"), domain="onemodel",
+@defop("GRUGrad", shape=_grad_shape("GRU"), domain="onemodel", traceable=False,
        outputs=("dX", "dW", "dR", "dB", "dinitial_h"))
 def gru_grad(X, W, R, B=None, sequence_lens=None, initial_h=None, dY=None, dY_h=None, *,
              activation_alpha=None, activation_beta=None, activations=None, clip=None,
@@ -561,7 +561,7 @@ def gru_grad(X, W, R, B=None, sequence_lens=None, initial_h=None, dY=None, dY_h=
     return _run("GRU", X, W, R, B, sequence_lens, initial_h, None, None, a, (dY, dY_h, None))
 
 
-@defop("LSTMGrad", shape=_grad_shape("LSTM"), domain="onemodel",
+@defop("LSTMGrad", shape=_grad_shape("LSTM"), domain="onemodel", traceable=False,
        outputs=("dX", "dW", "dR", "dB", "dinitial_h", "dinitial_c", "dP"))
 def lstm_grad(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None,
               dY=None, dY_h=None, dY_c=None, *, activation_alpha=None, activation_beta=None,
