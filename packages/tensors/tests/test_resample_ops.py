@@ -120,6 +120,33 @@ def test_resize_gradient_is_the_adjoint_and_matches_finite_differences(case):
         assert np.sum(y.numpy() * g) == pytest.approx(np.sum(x * gx), rel=1e-10)
 
 
+@pytest.mark.parametrize("case", [
+    dict(shape=(1, 2, 70, 3), sizes=[1, 2, 140, 3], mode="linear"),
+    dict(shape=(1, 1, 150, 2), scales=[1, 1, 0.27, 1], mode="cubic", antialias=1),
+    dict(shape=(1, 1, 100, 3), sizes=[1, 1, 80, 3], mode="linear",
+         roi=[0, 0, 0.5, 0, 1, 1, 0.52, 1], coordinate_transformation_mode="tf_crop_and_resize"),
+], ids=["upsample", "antialias", "crop"])
+def test_resize_of_long_axes_gathers_taps_and_its_gradient_stays_the_adjoint(case):
+    # axes too long for a dense weight matrix: the forward gathers taps, the gradient gathers
+    # transposed taps or (for the crop, where a few inputs feed every output) scatters
+    case = dict(case)
+    shape = case.pop("shape")
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(shape)
+    xt = Tensor.from_numpy(x).requires_grad_()
+    y = _resize(xt, **case)
+    ins = [x.astype(np.float32), np.asarray(case.get("roi", []), np.float32),
+           np.asarray(case.get("scales", []), np.float32)]
+    if "sizes" in case:
+        ins.append(np.asarray(case["sizes"], np.int64))
+    attrs = {k: v for k, v in case.items() if k not in ("roi", "scales", "sizes")}
+    np.testing.assert_allclose(y.numpy(), _onnx_reference("Resize", ins, **attrs), rtol=1e-4,
+                               atol=1e-5)
+    g = rng.standard_normal(tuple(y.shape))
+    y.backward(Tensor.from_numpy(g))
+    assert np.sum(y.numpy() * g) == pytest.approx(np.sum(x * xt.grad.numpy()), rel=1e-10)
+
+
 def test_resize_of_integers_rounds_and_nearest_is_exact():
     x = np.arange(12, dtype=np.uint8).reshape(1, 1, 3, 4) * 20
     y = _resize(Tensor.from_numpy(x), scales=[1, 1, 2, 2], mode="nearest").numpy()

@@ -12,6 +12,7 @@ inputs in other places) import through adapters on this definition.
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -217,7 +218,8 @@ def _taps(mode, ratio, scale, nearest_mode, cubic_a, antialias):
 
 
 def _axis_weights(n_in, n_out, scale, roi, attrs):
-    """(dense (out, in) weight matrix, extrapolated rows or None) for one axis."""
+    """(tap indices (out, T), coefficients (out, T), extrapolated rows or None) for one axis:
+    output i is sum_k coef[i, k] * input[idx[i, k]]."""
     ctm = _text(attrs["coordinate_transformation_mode"])
     mode = _text(attrs["mode"])
     y = np.arange(n_out, dtype=np.float64)
@@ -233,33 +235,47 @@ def _axis_weights(n_in, n_out, scale, roi, attrs):
         total = coef.sum(axis=1, keepdims=True)
         coef = coef / np.where(total == 0, 1.0, total)
     idx = np.clip(idx, 0, max(n_in - 1, 0))
-    w = np.zeros((n_out, n_in))
-    rows = np.broadcast_to(np.arange(n_out)[:, None], idx.shape)
-    np.add.at(w, (rows, idx), coef)
+    if mode == "nearest":  # one tap per output: the one chosen
+        pick = np.argmax(coef, axis=1)[:, None]
+        idx = np.take_along_axis(idx, pick, axis=1)
+        coef = np.ones(idx.shape)
     outside = None
     if ctm == "tf_crop_and_resize":
         outside = (x < 0) | (x > n_in - 1)
-        w[outside] = 0.0
+        coef = np.where(outside[:, None], 0.0, coef)
         if not outside.any():
             outside = None
-    return w, outside
+    return idx, coef, outside
 
 
 def _weights(shape, roi, scales, sizes, attrs):
-    """[(axis, weights, extrapolated rows)] for each axis that changes, in ONNX's order."""
+    """([(axis, tap indices, coefficients, extrapolated rows)] for each axis that changes, in
+    ONNX's order; the output shape). Cached: a training loop asks for the same plan each step."""
+    def key(a):
+        return None if a is None else tuple(np.asarray(a).reshape(-1).tolist())
+
+    attr_key = tuple((k, tuple(v) if isinstance(v, (list, tuple)) else v)
+                     for k, v in sorted(attrs.items()))
+    return _weights_cached(tuple(int(d) for d in shape), key(roi), key(scales), key(sizes),
+                           attr_key)
+
+
+@functools.lru_cache(maxsize=256)
+def _weights_cached(shape, roi, scales, sizes, attr_key):
+    attrs = dict(attr_key)
     rank = len(shape)
-    if scales is not None and scales.size == 0:
+    if scales is not None and len(scales) == 0:
         scales = None
-    if sizes is not None and sizes.size == 0:
+    if sizes is not None and len(sizes) == 0:
         sizes = None
     scale, out, ax = _resize_plan(
-        tuple(shape), None if scales is None else [float(s) for s in scales.reshape(-1)],
-        None if sizes is None else [int(s) for s in sizes.reshape(-1)], attrs["axes"],
+        shape, None if scales is None else [float(s) for s in scales],
+        None if sizes is None else [int(s) for s in sizes], attrs["axes"],
         attrs["keep_aspect_ratio_policy"])
     tf_crop = _text(attrs["coordinate_transformation_mode"]) == "tf_crop_and_resize"
     full_roi = None
     if tf_crop:
-        r = [float(v) for v in np.asarray(roi).reshape(-1)]
+        r = [float(v) for v in roi]
         full_roi = [(0.0, 1.0)] * rank
         for i, a in enumerate(ax):
             full_roi[a] = (r[i], r[len(ax) + i])
@@ -268,16 +284,92 @@ def _weights(shape, roi, scales, sizes, attrs):
         if out[a] == shape[a] and math.isclose(scale[a], 1.0) and (
                 not tf_crop or full_roi[a] == (0.0, 1.0)):
             continue  # identity along this axis
-        w, outside = _axis_weights(shape[a], out[a], scale[a],
-                                   full_roi[a] if tf_crop else None, attrs)
-        plan.append((a, w, outside))
-    return plan, out
+        idx, coef, outside = _axis_weights(shape[a], out[a], scale[a],
+                                           full_roi[a] if tf_crop else None, attrs)
+        dense = None
+        if shape[a] * out[a] <= _DENSE_MAX:  # small: one matmul beats a gather per tap
+            dense = np.zeros((out[a], shape[a]))
+            np.add.at(dense, (np.broadcast_to(np.arange(out[a])[:, None], idx.shape), idx), coef)
+        back = None if dense is not None else _transpose_taps(idx, coef, shape[a])
+        for arr in (idx, coef, outside, dense, *(back or ())):
+            if arr is not None:
+                arr.flags.writeable = False  # shared by every call that hits the cache
+        plan.append((a, idx, coef, outside, dense, back))
+    return plan, tuple(out)
+
+
+_DENSE_MAX = 64 * 64  # axes whose (out, in) weight matrix is at most this big use a matmul
 
 
 def _apply(x, a, w):
     """Contract axis ``a`` of ``x`` with the rows of ``w`` (out, in)."""
-    moved = np.moveaxis(x, a, -1)
-    return np.moveaxis(moved @ w.T, -1, a)
+    return np.moveaxis(np.moveaxis(x, a, -1) @ w.T, -1, a)
+
+
+def _transpose_taps(idx, coef, n_in):
+    """The adjoint's taps: for each input position, the output positions that read it and with
+    what coefficient (padded with zero coefficients), so the gradient is a gather too. None
+    when the padding would be wasteful (most outputs read one edge input)."""
+    n_out = idx.shape[0]
+    rows = np.broadcast_to(np.arange(n_out)[:, None], idx.shape).reshape(-1)
+    cols, c = idx.reshape(-1), coef.reshape(-1)
+    keep = c != 0
+    rows, cols, c = rows[keep], cols[keep], c[keep]
+    if n_in == 0 or len(cols) == 0:
+        return None
+    order = np.argsort(cols, kind="stable")
+    rows, cols, c = rows[order], cols[order], c[order]
+    counts = np.bincount(cols, minlength=n_in)
+    width = int(counts.max())
+    if n_in * width > 4 * len(cols) + 64:
+        return None
+    start = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    pos = np.arange(len(cols)) - start[cols]
+    tidx = np.zeros((n_in, width), np.int64)
+    tcoef = np.zeros((n_in, width))
+    tidx[cols, pos] = rows
+    tcoef[cols, pos] = c
+    return tidx, tcoef
+
+
+def _along(v, a, ndim):
+    shape = [1] * ndim
+    shape[a] = -1
+    return v.reshape(shape)
+
+
+def _gather(x, a, idx, coef):
+    """Output rows along axis ``a``: sum over taps of coef * x[idx]."""
+    y = None
+    for k in range(idx.shape[1]):
+        term = np.take(x, idx[:, k], axis=a)
+        c = coef[:, k]
+        if not np.all(c == 1):
+            term *= _along(c.astype(x.dtype), a, x.ndim)
+        y = term if y is None else np.add(y, term, out=y)
+    return y
+
+
+def _scatter(g, a, idx, coef, n_in):
+    """The adjoint of :func:`_gather`: each output row's gradient added back to its taps."""
+    shape = list(g.shape)
+    shape[a] = n_in
+    out = np.zeros(shape, g.dtype)
+    for k in range(idx.shape[1]):
+        c = coef[:, k]
+        vals = g if np.all(c == 1) else g * _along(c.astype(g.dtype), a, g.ndim)
+        col = idx[:, k]
+        if len(col) == 0:
+            continue
+        if np.any(col[1:] < col[:-1]):
+            order = np.argsort(col, kind="stable")
+            col, vals = col[order], np.take(vals, order, axis=a)
+        starts = np.flatnonzero(np.concatenate(([True], col[1:] != col[:-1])))
+        sums = np.add.reduceat(vals, starts, axis=a)
+        index = [slice(None)] * g.ndim
+        index[a] = col[starts]
+        out[tuple(index)] += sums
+    return out
 
 
 def _attrs(**kw):
@@ -360,19 +452,21 @@ def resize(X, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
                    keep_aspect_ratio_policy=keep_aspect_ratio_policy, mode=mode,
                    nearest_mode=nearest_mode)
     plan, out = _weights(X.shape, roi, scales, sizes, attrs)
-    if X.dtype.kind == "f":
-        y = X
-        for a, w, outside in plan:
-            y = _apply(y, a, w.astype(X.dtype))
-            if outside is not None:
-                index = (slice(None),) * a + (outside,)
-                y[index] = extrapolation_value
-        return np.ascontiguousarray(y, X.dtype).reshape(out)
-    y = X.astype(np.float64)
-    for a, w, outside in plan:
-        y = _apply(y, a, w)
+    nearest = _text(mode) == "nearest"
+    work = X if (X.dtype.kind == "f" and X.dtype != np.float16) or nearest else \
+        X.astype(np.float32 if X.dtype == np.float16 else np.float64)
+    y = work
+    for a, idx, coef, outside, dense, _ in plan:
+        y = _gather(y, a, idx, coef) if dense is None or y.dtype.kind != "f" else \
+            _apply(y, a, dense.astype(y.dtype))
         if outside is not None:
             y[(slice(None),) * a + (outside,)] = extrapolation_value
+    if y is X:
+        y = X.copy()
+    if y.dtype == X.dtype:
+        return np.ascontiguousarray(y).reshape(out)
+    if X.dtype.kind == "f":
+        return y.astype(X.dtype).reshape(out)
     info = np.iinfo(X.dtype)
     return np.clip(np.rint(y), info.min, info.max).astype(X.dtype).reshape(out)
 
@@ -394,12 +488,19 @@ def resize_grad(X, dY, roi=None, scales=None, sizes=None, *, antialias=0, axes=N
                    keep_aspect_ratio_policy=keep_aspect_ratio_policy, mode=mode,
                    nearest_mode=nearest_mode)
     plan, _ = _weights(X.shape, roi, scales, sizes, attrs)
-    g = dY
-    for a, w, outside in reversed(plan):
+    g = dY.astype(np.float32) if dY.dtype == np.float16 else dY
+    for a, idx, coef, outside, dense, back in reversed(plan):
         if outside is not None:
             g = g.copy()
             g[(slice(None),) * a + (outside,)] = 0
-        g = _apply(g, a, w.T.astype(dY.dtype))
+        if dense is not None:
+            g = _apply(g, a, dense.T.astype(g.dtype))
+        elif back is not None:
+            g = _gather(g, a, *back)
+        else:
+            g = _scatter(g, a, idx, coef, X.shape[a])
+    if g is dY:
+        g = dY.copy()
     return np.ascontiguousarray(g, dY.dtype).reshape(X.shape)
 
 
