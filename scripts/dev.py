@@ -33,6 +33,8 @@ DISTRIBUTIONS = [
     "plugins/native",
     "plugins/onnx",
     "plugins/numba",
+    # the "cuda" device; CuPy is its extra [cuda12], so this installs no GPU library
+    "plugins/cupy",
     "packages/distributed",
     "packages/onemodel",
 ]
