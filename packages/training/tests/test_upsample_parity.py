@@ -196,30 +196,45 @@ def test_torch_exported_interpolate_imports_and_agrees_with_onnxruntime(opset, t
                                    rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(("op", "opset", "mode", "scales"), [
-    ("Upsample", 9, "nearest", [1, 1, 2, 3]),
-    ("Upsample", 9, "linear", [1, 1, 2, 2]),
-    ("Resize", 10, "nearest", [1, 1, 3, 2]),
-    ("Resize", 10, "linear", [1, 1, 2, 1.5]),
-])
-def test_legacy_upsample_and_resize_10_import_and_agree_with_onnxruntime(op, opset, mode,
-                                                                         scales, tmp_path):
+@pytest.mark.parametrize(("op", "opset", "attrs", "scales"), [
+    ("Upsample", 7, dict(mode="nearest", scales=[1.0, 1.0, 2.0, 3.0]), None),
+    ("Upsample", 7, dict(mode="linear", scales=[1.0, 1.0, 2.0, 2.0]), None),
+    ("Upsample", 9, dict(mode="nearest"), [1, 1, 2, 3]),
+    ("Upsample", 9, dict(mode="linear"), [1, 1, 2, 2]),
+    ("Resize", 10, dict(mode="nearest"), [1, 1, 3, 2]),
+    ("Resize", 10, dict(mode="linear"), [1, 1, 2, 1.5]),
+    ("Resize", 11, dict(mode="nearest", coordinate_transformation_mode="tf_half_pixel_for_nn"),
+     [1, 1, 2.5, 1.5]),
+    ("Resize", 11, dict(mode="nearest", coordinate_transformation_mode="tf_half_pixel_for_nn",
+                        nearest_mode="floor"), [1, 1, 0.75, 2]),
+], ids=lambda v: str(v) if not isinstance(v, dict) else "-".join(map(str, v.values())))
+def test_legacy_upsample_and_resize_forms_import_and_agree_with_onnxruntime(op, opset, attrs,
+                                                                            scales, tmp_path):
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onemodel.onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     from onemodel.runtime import Session
 
-    node = helper.make_node(op, ["x", "scales"], ["y"], mode=mode)
+    inits = []
+    if scales is None:
+        inputs = ["x"]
+    elif opset == 11:
+        inputs = ["x", "roi", "scales"]
+        inits = [numpy_helper.from_array(np.zeros(0, np.float32), "roi")]
+    else:
+        inputs = ["x", "scales"]
+    if scales is not None:
+        inits.append(numpy_helper.from_array(np.asarray(scales, np.float32), "scales"))
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(np.asarray(scales, np.float32), "scales")])
+        [helper.make_node(op, inputs, ["y"], **attrs)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 7
     path = tmp_path / "legacy.onnx"
     onnx.save(model, str(path))
-    x = np.random.default_rng(6).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    x = np.random.default_rng(6).standard_normal((1, 2, 4, 5)).astype(np.float32)
     got = Session.load(path).run({"x": x})["y"].numpy()
     (want,) = _ort(path, {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
