@@ -9,6 +9,7 @@ import pytest
 
 from onemodel.tensors import OneModelError, Tensor
 from onemodel.training import (
+    AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
     Conv1d,
     Conv2d,
@@ -127,3 +128,18 @@ def test_embedding_padding_idx(padding_idx):
 def test_identity_takes_and_ignores_arguments():
     m = Identity(54, unused_argument1=0.1)
     check(m, tnn.Identity(54, unused_argument1=0.1), (3, 4), trace=False)
+
+
+def test_adaptive_pooling_over_symbolic_spatial_axes_is_refused_not_frozen():
+    """Adaptive windows depend on the input size: a symbolic size would freeze the example's
+    windows into the graph, so tracing refuses (output size 1 and fixed sizes trace)."""
+    from onemodel.tracing import TraceError
+
+    with pytest.raises(TraceError, match="symbolic height or width"):
+        AdaptiveAvgPool2d((4, 5)).trace(Tensor(f32(2, 2, 6, 9)), "batch", None, "h", "w")
+    with pytest.raises(TraceError, match="symbolic length"):
+        AdaptiveAvgPool1d(3).trace(Tensor(f32(2, 2, 7)), "batch", None, "length")
+    traced = AdaptiveAvgPool2d(1).trace(Tensor(f32(2, 2, 6, 9)), "batch", None, "h", "w")
+    b = f32(3, 2, 11, 5, seed=4)
+    np.testing.assert_allclose(traced.run({"input": b})["output"].numpy(),
+                               AdaptiveAvgPool2d(1)(Tensor(b)).numpy(), rtol=1e-6)

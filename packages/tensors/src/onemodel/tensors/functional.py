@@ -23,6 +23,7 @@ from .resampling import (  # noqa: F401 - torch.nn.functional names
     upsample_bilinear,
     upsample_nearest,
 )
+from .symbolic import SymInt
 from .tensor import Tensor, _call, _const, concat, where
 from .torch_names import accept_torch_names
 
@@ -112,11 +113,11 @@ def adaptive_avg_pool1d(x: Tensor, output_size) -> Tensor:
         return adaptive_avg_pool1d(x.unsqueeze(0), output_size).squeeze(0)
     length = x.shape[-1]
     (o,) = _tuple(output_size, 1)
-    if not isinstance(length, (int, np.integer)):
-        if o == 1:
-            return x.mean(axis=-1, keepdims=True)
-        raise ShapeError("adaptive_avg_pool1d over a symbolic length: only output_size=1 keeps "
-                         "its windows independent of the length; trace with a fixed length")
+    if isinstance(length, SymInt) and o != 1:
+        trace_state.refuse("adaptive_avg_pool1d over a symbolic length",
+                           "its windows depend on the length, so the graph would hold the "
+                           "example's windows", "trace with a fixed length, or use "
+                           "output_size=1 (global average pooling)")
     if o == 1:
         return x.mean(axis=-1, keepdims=True)
     if length % o == 0:
@@ -152,9 +153,15 @@ def adaptive_avg_pool2d(x: Tensor, output_size) -> Tensor:
     if len(output_size) != 2:
         raise ShapeError(f"adaptive_avg_pool2d: output_size has 2 values, got {output_size}")
     # None keeps that axis' size, as in PyTorch
-    oh, ow = (int(d if o is None else o) for o, d in zip(output_size, (h, w)))
-    if (oh, ow) == (1, 1):
+    if all(o == 1 for o in output_size):
         return _call("GlobalAveragePool", x)
+    if any(isinstance(d, SymInt) for d in (h, w)):
+        # window bounds are floor/ceil of i * size / out: they depend on the size itself
+        trace_state.refuse("adaptive_avg_pool2d over symbolic height or width",
+                           "its windows depend on the input size, so the graph would hold the "
+                           "example's windows", "trace with fixed spatial axes, or use "
+                           "output_size=1 (global average pooling)")
+    oh, ow = (int(d if o is None else o) for o, d in zip(output_size, (h, w)))
     if h % oh == 0 and w % ow == 0:
         kh, kw = h // oh, w // ow
         return _call("AveragePool", x, kernel_shape=(kh, kw), strides=(kh, kw))
