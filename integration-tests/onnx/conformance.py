@@ -51,6 +51,11 @@ def run_case(case, run) -> Outcome:
             if len(got) < len(expected):
                 return Outcome(case.name, "failed", f"{len(got)} outputs, {len(expected)} expected")
             for g, e in zip(got, expected):
+                if isinstance(e, list) or e is None or isinstance(g, list) or g is None:
+                    detail = _compare_value(g, e, case)  # a sequence or an optional
+                    if detail:
+                        return Outcome(case.name, "failed", detail)
+                    continue
                 e = np.asarray(e)
                 g = np.asarray(g)
                 if e.dtype == object or g.shape != e.shape:
@@ -68,6 +73,26 @@ def run_case(case, run) -> Outcome:
         return Outcome(case.name, "failed", str(exc).strip().splitlines()[0][:200])
     except Exception as exc:
         return Outcome(case.name, "error", f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+def _compare_value(g, e, case) -> str:
+    """'' when a sequence (list) or optional (None: empty) result matches, else why not."""
+    if e is None or g is None:
+        return "" if e is None and g is None else f"got {type(g).__name__}, expected " \
+            f"{type(e).__name__}"
+    if not isinstance(e, list) or not isinstance(g, list):
+        return f"got {type(g).__name__}, expected {type(e).__name__}"
+    if len(g) != len(e):
+        return f"sequence of {len(g)}, {len(e)} expected"
+    for gi, ei in zip(g, e):
+        gi, ei = np.asarray(gi), np.asarray(ei)
+        if gi.shape != ei.shape:
+            return f"shape {gi.shape} != {ei.shape} in a sequence"
+        if ei.dtype.kind in "fc":
+            np.testing.assert_allclose(gi.astype(ei.dtype), ei, rtol=case.rtol, atol=case.atol)
+        else:
+            np.testing.assert_array_equal(gi, ei)
+    return ""
 
 
 def _array(x):

@@ -37,9 +37,6 @@ EXPECTED_FAILURES = {
     # outputs): inference graphs only; training uses onemodel.training.
     "test_batchnorm_example_training_mode": "training-mode BatchNormalization",
     "test_batchnorm_epsilon_training_mode": "training-mode BatchNormalization",
-    # MaxPool's optional second output (argmax Indices) is not part of the op set's MaxPool.
-    "test_maxpool_with_argmax_2d_precomputed_pads": "MaxPool Indices output",
-    "test_maxpool_with_argmax_2d_precomputed_strides": "MaxPool Indices output",
     # BF16 arithmetic (computed in float32, rounded per op) is not in the op set yet: these
     # ops refuse or fail on BF16 with an error naming the op and dtype.
     "test_einsum_batch_matmul_bfloat16": "BF16 arithmetic",
@@ -51,6 +48,24 @@ EXPECTED_FAILURES = {
     "test_attention_4d_causal_padded_kv_bf16_expanded": "BF16 arithmetic",
     "test_attention_4d_attn_mask_causal_bf16_expanded": "BF16 arithmetic",
     "test_attention_3d_causal_bf16_expanded": "BF16 arithmetic",
+    # Scan before opset 9 (a batch axis and sequence_lens inputs) is refused on import.
+    "test_scan_sum": "Scan-8",
+    # Unsqueeze with 0-d axes (a Constant scalar) inside the expanded AffineGrid function.
+    "test_affine_grid_2d_expanded": "Unsqueeze 0-d axes",
+    "test_affine_grid_2d_align_corners_expanded": "Unsqueeze 0-d axes",
+    "test_affine_grid_3d_expanded": "Unsqueeze 0-d axes",
+    "test_affine_grid_3d_align_corners_expanded": "Unsqueeze 0-d axes",
+    # Subgraph attributes: the runtime runs If/Loop/Scan; the ONNX importer converts their
+    # GraphProto attributes next (issue 12, in progress).
+    "test_if": "importer: subgraphs",
+    "test_loop11": "importer: subgraphs",
+    "test_scan9_sum": "importer: subgraphs",
+    "test_scan9_multi_state": "importer: subgraphs",
+    "test_scan9_scalar": "importer: subgraphs",
+    "test_range_float_type_positive_delta_expanded": "importer: subgraphs",
+    "test_range_float16_type_positive_delta_expanded": "importer: subgraphs",
+    "test_range_bfloat16_type_positive_delta_expanded": "importer: subgraphs",
+    "test_range_int32_type_negative_delta_expanded": "importer: subgraphs",
 }
 
 CASES = node_cases()

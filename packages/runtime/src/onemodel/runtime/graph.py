@@ -13,6 +13,7 @@ import numpy as np
 from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.base import UnknownValueError
+from onemodel.tensors.ops.sequence import OptionalSpec, SequenceSpec, accepts_values
 from onemodel.tensors.symbolic import Dim, format_shape
 
 from .values import propagate
@@ -22,16 +23,40 @@ class GraphError(OneModelError):
     """A graph is malformed; the message names the offending node or value."""
 
 
+VALUE_KINDS = ("tensor", "sequence", "optional", "optional_sequence")
+
+
 @dataclass
 class ValueInfo:
-    """A graph input or output: name, dtype and shape (ints and symbols)."""
+    """A graph input or output: name, dtype and shape (ints and symbols). ``kind`` says what
+    the value is: a tensor, a sequence of tensors (``dtype`` and ``shape`` then describe its
+    elements; a run passes a list), or an optional tensor or sequence (a run passes the value
+    or None)."""
 
     name: str
     dtype: DType
     shape: tuple[Dim, ...]
+    kind: str = "tensor"
+
+    def spec(self):
+        """What shape rules know of this value before a run."""
+        tensor = TensorSpec(tuple(self.shape), self.dtype)
+        if self.kind == "tensor":
+            return tensor
+        if self.kind == "sequence":
+            return SequenceSpec(self.dtype, None)
+        if self.kind == "optional":
+            return OptionalSpec(tensor, None)
+        if self.kind == "optional_sequence":
+            return OptionalSpec(SequenceSpec(self.dtype, None), None)
+        raise GraphError(f"value {self.name!r} has unknown kind {self.kind!r}; the kinds are "
+                         + ", ".join(VALUE_KINDS))
 
     def __str__(self) -> str:
-        return f"{self.name}: {self.dtype.name}{format_shape(self.shape)}"
+        text = f"{self.dtype.name}{format_shape(self.shape)}"
+        if self.kind != "tensor":
+            text = f"{self.kind}<{text}>"
+        return f"{self.name}: {text}"
 
 
 @dataclass
@@ -86,6 +111,42 @@ class Graph:
                   dict(self.initializers), dict(self.metadata), self.name)
         g.guards = list(self.guards)
         return g
+
+    def subgraphs(self) -> list[Graph]:
+        """The graphs held by this graph's nodes' attributes (If branches, Loop bodies), not
+        those nested deeper."""
+        out = []
+        for n in self.nodes:
+            for v in n.attrs.values():
+                if isinstance(v, Graph):
+                    out.append(v)
+        return out
+
+    def infer(self, in_specs: Sequence) -> list:
+        """The specs of this graph's outputs when its inputs have ``in_specs`` (in order): how
+        If, Loop and Scan learn what their subgraphs give. UnknownValueError when an output
+        depends on values known only at run time; errors name the node."""
+        if len(in_specs) != len(self.inputs):
+            raise GraphError(f"graph {self.name!r} takes {len(self.inputs)} inputs, "
+                             f"{len(in_specs)} given")
+        specs: dict = {}
+        for v, spec in zip(self.inputs, in_specs):
+            specs[v.name] = spec
+        for name, arr in self.initializers.items():
+            specs[name] = TensorSpec(tuple(arr.shape), DType.from_numpy(arr.dtype),
+                                     small_value(arr))
+        for n in self.nodes:
+            specs.update(self._check_node(n, specs, allow_unknown=True))
+        out = []
+        for v in self.outputs:
+            if v.name not in specs:
+                raise GraphError(f"graph {self.name!r}: output {v.name!r} is not computed by "
+                                 "any node")
+            if specs[v.name] is None:
+                raise UnknownValueError(f"graph {self.name!r}: output {v.name!r} depends on "
+                                        "values known only at run time")
+            out.append(specs[v.name])
+        return out
 
     # queries ---------------------------------------------------------------------------------
     def producers(self) -> dict[str, Node]:
@@ -177,7 +238,7 @@ class Graph:
         for v in self.inputs:
             if v.name in specs:
                 raise GraphError(f"input {v.name!r} is declared twice")
-            specs[v.name] = TensorSpec(tuple(v.shape), v.dtype)
+            specs[v.name] = v.spec()
         for name, arr in self.initializers.items():
             if name in specs:
                 raise GraphError(f"{name!r} is both an input and an initializer")
@@ -217,11 +278,18 @@ class Graph:
             in_specs.append(specs[name])
         # required inputs by position (a variadic op needs its first variadic input)
         missing = [p for pos, p in enumerate(op.inputs) if p not in op.optional
-                   and (pos >= len(n.inputs) or not n.inputs[pos])]
+                   and (pos >= len(n.inputs) or not n.inputs[pos])
+                   and not (op.variadic and pos == len(op.inputs) - 1
+                            and accepts_values(n.op))]  # Loop's carried values may be none
         if missing:
             raise GraphError(f"{n.label()}: missing required input {', '.join(missing)} of "
                              f"{n.op} (its inputs are {', '.join(op.inputs)})")
         present = [i for i in n.inputs if i]
+        if not accepts_values(n.op) and n.op != "Identity":
+            for name in present:
+                if specs[name] is not None and not isinstance(specs[name], TensorSpec):
+                    raise GraphError(f"{n.label()}: input {name!r} is {specs[name]}, not a "
+                                     f"tensor; {n.op} takes tensors")
         if allow_unknown and any(specs[i] is None for i in present):
             return {o: None for o in n.outputs if o}
         try:
@@ -282,6 +350,8 @@ def reads_shapes_only(node: Node, specs: Mapping[str, TensorSpec | None]) -> boo
         spec = specs.get(name) if name else None
         if name and spec is None:  # its shape is not known before planning: probe any shape
             spec = _PROBE
+        if spec is not None and not isinstance(spec, TensorSpec):
+            return False  # a sequence or optional: its contents are values
         in_specs.append(None if spec is None else replace(spec, value=None))
     try:
         outs = op.infer(in_specs, node.attrs)
@@ -293,7 +363,7 @@ def reads_shapes_only(node: Node, specs: Mapping[str, TensorSpec | None]) -> boo
 
 
 def _attr_ok(v) -> bool:
-    if isinstance(v, _ATTR_TYPES):
+    if isinstance(v, (*_ATTR_TYPES, Graph, TensorSpec, SequenceSpec, OptionalSpec)):
         return True
     return isinstance(v, (tuple, list)) and all(isinstance(x, (int, float, str)) for x in v)
 
@@ -301,6 +371,10 @@ def _attr_ok(v) -> bool:
 def _attr_text(v) -> str:
     if isinstance(v, DType):
         return v.name
+    if isinstance(v, Graph):
+        return f"<graph {v.name}: {len(v.inputs)} inputs, {len(v.nodes)} nodes>"
+    if isinstance(v, (TensorSpec, SequenceSpec, OptionalSpec)):
+        return str(v)
     return repr(tuple(v)) if isinstance(v, list) else repr(v)
 
 

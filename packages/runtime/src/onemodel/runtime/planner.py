@@ -9,11 +9,21 @@ later values. The result is a flat list of steps.
 What ``Plan.execute`` guarantees, whatever the kernels do: outputs are arrays the caller owns
 (none shares memory with an input, a constant of the plan, or another output), and any error a
 kernel raises ends as an :class:`ExecutionError` naming the node, its op and its input shapes.
+
+Data-dependent sizes: a node whose output sizes the shape rules cannot give from these input
+shapes (NonZero, Unique, NonMaxSuppression, a Loop's stacked outputs, a Reshape to a target
+computed from data, an If whose branches differ) ends the plan's static part. Its kernel runs as
+a normal step; the nodes after it form a :class:`Continuation`, planned when a run reaches it,
+from the sizes the run produced, and cached by those sizes. So the plan (and the session's plan
+cache) does not change with input values; only the part after such a node is re-planned, and
+only for sizes it has not met.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -25,8 +35,9 @@ import numpy as np
 from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec, registry
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.base import UnknownValueError
+from onemodel.tensors.ops.sequence import OptionalSpec, SequenceSpec, accepts_values, spec_of_value
 
-from .graph import Graph, GraphError, small_value
+from .graph import Graph, GraphError, ValueInfo, small_value
 from .guards import check_guards
 
 DEVICE = "cpu"
@@ -127,15 +138,22 @@ class Plan:
         seen: set[int] = set()
         owned = []
         for value in results:
+            if value is None:  # an empty optional
+                owned.append(None)
+                continue
+            if isinstance(value, list):  # a sequence: its tensors, each owned
+                owned.append([np.array(v, copy=True) for v in value])
+                continue
             if not isinstance(value, np.ndarray):
                 value = np.array(value)  # a numpy scalar from a kernel: a new 0-d array
             if value.base is None:  # owns its memory: the common case, a kernel's new array
                 root = value
-                shared = any(value is a or value is a.base for a in arrays)
+                shared = any(value is a or value is a.base for a in arrays
+                             if isinstance(a, np.ndarray))
             else:
                 root = memory_root(value)
                 if fed is None:
-                    fed = {id(memory_root(a)) for a in arrays}
+                    fed = {id(memory_root(a)) for a in arrays if isinstance(a, np.ndarray)}
                 shared = root is None or id(root) in fed
             if shared or id(root) in consts or id(root) in seen:
                 value = value.copy()
@@ -167,6 +185,9 @@ def step_failure(step: Step | None, vals: list, exc: Exception) -> OneModelError
 def _describe(value) -> str:
     if value is None:
         return "None"
+    if isinstance(value, list):
+        return f"sequence of {len(value)} [{', '.join(_describe(v) for v in value[:4])}" + \
+            (", ...]" if len(value) > 4 else "]")
     try:
         dtype = DType.from_numpy(value.dtype).name
     except (OneModelError, AttributeError):
@@ -179,6 +200,8 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[st
     bindings: dict[str, int] = {}
     where: dict[str, str] = {}
     for v in graph.inputs:
+        if v.kind != "tensor":
+            continue  # a sequence or optional: its elements' sizes bind no symbol
         shape = shapes[v.name]
         if len(shape) != len(v.shape):
             raise OneModelError(
@@ -202,6 +225,8 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[st
                     f"input {v.name!r} axis {axis} must be {want}, got {got} (shape {list(shape)})"
                 )
     for v in graph.inputs:
+        if v.kind != "tensor":
+            continue
         for axis, want in enumerate(v.shape):
             if not isinstance(want, DimExpr) or want.kind == "sym":
                 continue
@@ -221,7 +246,11 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     ``graph.validate(allow_unknown=True)``) settles shapes that zero-size inputs leave open.
 
     A node whose outputs are all empty runs no kernel: its step makes empty arrays of the
-    planned shapes (nothing to compute, and no kernel's zero-size corner case to meet)."""
+    planned shapes (nothing to compute, and no kernel's zero-size corner case to meet).
+
+    Inputs that are sequences or optionals (``ValueInfo.kind``) give their spec in ``shapes``
+    (``spec_of_value`` of the value fed). Nodes after one whose output sizes depend on data go
+    to a :class:`Continuation` (see the module's docstring)."""
     bindings = bind_symbols(graph, shapes)
     check_guards(graph, bindings)
     slot_of: dict[str, int] = {"": 0}  # slot 0: an omitted input; slot 1: unnamed outputs
@@ -236,7 +265,10 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     specs: dict[str, TensorSpec] = {}
     consts: dict[str, np.ndarray] = {}
     for v in graph.inputs:
-        specs[v.name] = TensorSpec(tuple(shapes[v.name]), v.dtype)
+        if v.kind == "tensor":
+            specs[v.name] = TensorSpec(tuple(shapes[v.name]), v.dtype)
+        else:
+            specs[v.name] = shapes[v.name]
         slot(v.name)
     for name, arr in list(graph.initializers.items()) + list((values or {}).items()):
         consts[name] = arr
@@ -246,20 +278,33 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     nodes, _ = graph.needed(wanted)
 
     pending = []
-    for n in nodes:
+    rest: list = []  # the nodes after a node whose output sizes depend on data
+    for idx, n in enumerate(nodes):
         op = OPS[n.op]
         in_specs = [specs[i] if i else None for i in n.inputs]
+        dynamic = False
         try:
             out_specs = op.infer(in_specs, n.attrs)
         except OneModelError as exc:
             out_specs = _settled_by_symbols(n, in_specs, symbolic, bindings)
             # a rule that needs values its specs do not carry (a Range over float bounds
-            # computed from Shape): every input is known now, so the kernel gives the outputs
-            if out_specs is None and not (isinstance(exc, UnknownValueError)
-                                          and _inputs_known(n, consts)):
+            # computed from Shape): every input is known now, so the kernel gives the outputs;
+            # when some input is computed at run time, the node's outputs decide what follows
+            if out_specs is None and isinstance(exc, UnknownValueError):
+                dynamic = not _inputs_known(n, consts) or accepts_values(n.op)
+            elif out_specs is None:
                 raise GraphError(f"{n.label()}: {exc} (at {_bound(bindings)})") from None
+        if out_specs is not None and _unbound(out_specs):
+            dynamic = True
+            if _inputs_known(n, consts) and all(isinstance(o, TensorSpec) for o in out_specs):
+                out_specs = None  # computed from constants: evaluate it now, sizes and all
+                dynamic = False
+        if dynamic:
+            pending.append((n, in_specs, None))
+            rest = nodes[idx + 1:]
+            break
         for name, spec in zip(n.outputs, out_specs or ()):
-            if name and any(int(d) < 0 for d in spec.shape):
+            if name and isinstance(spec, TensorSpec) and any(int(d) < 0 for d in spec.shape):
                 # name the node that made the absurd size, not the one that would meet it later
                 raise GraphError(f"{n.label()}: its output {name!r} would have the negative shape "
                                  f"{list(spec.shape)} (inputs: {_specs_text(in_specs)}; at "
@@ -288,8 +333,8 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
 
     steps_src = []
     for n, in_specs, out_specs in pending:
-        named = [spec for spec, name in zip(out_specs, n.outputs) if name]
-        if named and all(_size(spec) == 0 for spec in named):
+        named = [spec for spec, name in zip(out_specs or (), n.outputs) if name]
+        if named and all(isinstance(spec, TensorSpec) and _size(spec) == 0 for spec in named):
             steps_src.append((n, _empties(n, out_specs), (), tuple(slot(o) if o else 1
                                                                    for o in n.outputs)))
             continue
@@ -297,6 +342,11 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         ins = tuple(slot(i) if i else 0 for i in n.inputs)
         outs = tuple(slot(o) if o else 1 for o in n.outputs)
         steps_src.append((n, kernel, ins, outs))
+    if rest:
+        cont = Continuation(pending[-1][0], rest, graph, specs, consts, wanted)
+        ins = tuple(slot(name) for name in cont.live)
+        outs = tuple(slot(name) for name in cont.wanted)
+        steps_src.append((cont, cont, ins, outs))
 
     # liveness: release a value after its last reader (never inputs' owners' arrays we keep:
     # constants stay in the template; graph outputs stay until the end)
@@ -312,6 +362,11 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
 
     steps = []
     for k, (n, kernel, ins, outs) in enumerate(steps_src):
+        if isinstance(n, Continuation):
+            steps.append(Step(kernel, itemgetter(*ins) if ins else (lambda vals: ()),
+                              len(ins) == 1, True, outs, tuple(release_at.get(k, ())),
+                              n.label(), ins, n.name, n.op))
+            continue
         attrs = n.attrs if ins else None  # an empties step takes neither inputs nor attributes
         call = partial(kernel, **attrs) if attrs else kernel
         gather = itemgetter(*ins) if ins else (lambda vals: ())
@@ -323,8 +378,121 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     roots = frozenset(id(r) for r in (memory_root(v) for v in template
                                       if isinstance(v, np.ndarray)) if r is not None)
     return Plan(template, [(v.name, slot_of[v.name]) for v in graph.inputs], outputs, steps,
-                {k: tuple(int(d) for d in s.shape) for k, s in specs.items()}, bindings,
+                {k: tuple(int(d) for d in s.shape) for k, s in specs.items()
+                 if isinstance(s, TensorSpec)}, bindings,
                 own, roots)
+
+
+def _unbound(out_specs) -> bool:
+    """Whether some output's size is a symbol no input binds (a size decided by data)."""
+    return any(isinstance(s, TensorSpec) and any(isinstance(d, DimExpr) for d in s.shape)
+               for s in out_specs if s is not None)
+
+
+class Continuation:
+    """The nodes after a node whose output sizes depend on data, planned at run time.
+
+    Called with the values live at that point (in the order of ``live``), it finds or makes the
+    plan for their sizes (and for the values among them that set shapes further on), runs it,
+    and returns the ``wanted`` outputs. Plans are kept per signature, least recently used out
+    first (``MAX_PLANS``); ``info()`` counts hits and builds."""
+
+    MAX_PLANS = 16
+
+    def __init__(self, after, nodes, graph: Graph, specs, consts, wanted):
+        self.name = after.name
+        self.op = after.op
+        self.after = after.label()
+        self.nodes = list(nodes)
+        defined = set(specs) | {o for o in after.outputs if o}
+        read = {i for n in self.nodes for i in n.inputs if i}
+        made_later = {o for n in self.nodes for o in n.outputs if o}
+        self.wanted = [w for w in wanted if w in made_later]
+        need = (read | set(self.wanted)) - made_later
+        self.consts = {k: v for k, v in consts.items() if k in need}
+        self.live = [k for k in _ordered(graph, nodes, after, specs)
+                     if k in need and k in defined and k not in self.consts]
+        self._plans: OrderedDict = OrderedDict()
+        self._value_inputs: list[int] | None = None
+        self._lock = threading.Lock()
+        self.hits = self.builds = 0
+
+    def label(self) -> str:
+        return f"the nodes after {self.after}"
+
+    def _graph(self, values) -> Graph:
+        inputs = []
+        for name, v in zip(self.live, values):
+            spec = spec_of_value(v) if v is not None else None
+            if isinstance(spec, TensorSpec):
+                inputs.append(ValueInfo(name, spec.dtype, spec.shape))
+            elif isinstance(spec, SequenceSpec):
+                inputs.append(ValueInfo(name, spec.dtype or DType.F32, (), "sequence"))
+            else:  # an empty optional
+                inputs.append(ValueInfo(name, DType.F32, (), "optional"))
+        outputs = [ValueInfo(w, DType.F32, ()) for w in self.wanted]
+        return Graph(inputs, outputs, self.nodes, dict(self.consts))
+
+    def __call__(self, *values):
+        if self._value_inputs is None:
+            self._value_inputs = self._find_value_inputs(values)
+        key = tuple(_signature(v) for v in values)
+        if self._value_inputs:
+            key += tuple(np.ascontiguousarray(values[i]).tobytes() for i in self._value_inputs)
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+                self.hits += 1
+        if plan is None:
+            g = self._graph(values)
+            shapes = {v.name: (np.shape(x) if v.kind == "tensor" else _input_spec(v, x))
+                      for v, x in zip(g.inputs, values)}
+            fixed = {self.live[i]: np.array(values[i], copy=True) for i in self._value_inputs}
+            g.inputs = [v for v in g.inputs if v.name not in fixed]
+            plan = make_plan(g, shapes, self.wanted, fixed)
+            with self._lock:
+                self.builds += 1
+                self._plans[key] = plan
+                while len(self._plans) > self.MAX_PLANS:
+                    self._plans.popitem(last=False)
+        fed = [x for i, x in enumerate(values) if i not in (self._value_inputs or ())]
+        out = plan.execute(fed)
+        return tuple(out)
+
+    def _find_value_inputs(self, values) -> list[int]:
+        try:
+            found = self._graph(values).value_inputs()
+        except OneModelError:
+            found = set()
+        return [i for i, name in enumerate(self.live) if name in found]
+
+    def info(self) -> dict[str, int]:
+        return {"hits": self.hits, "builds": self.builds, "plans": len(self._plans)}
+
+
+def _ordered(graph: Graph, nodes, after, specs) -> list[str]:
+    """The names defined before the continuation, in a stable order."""
+    return list(specs) + [o for o in after.outputs if o and o not in specs]
+
+
+def _input_spec(v: ValueInfo, value):
+    spec = spec_of_value(value)
+    if v.kind.startswith("optional"):
+        return OptionalSpec(spec, value is not None)
+    return spec
+
+
+def _signature(value):
+    """What a plan depends on in a value: its shape and dtype (each element's, in a sequence)."""
+    if isinstance(value, np.ndarray):
+        return value.shape, value.dtype.char
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return ("seq", tuple(_signature(v) for v in value))
+    arr = np.asarray(value)
+    return arr.shape, arr.dtype.char
 
 
 def _size(spec: TensorSpec) -> int:
@@ -344,7 +512,8 @@ def _settled_by_symbols(n, in_specs, symbolic, bindings) -> list[TensorSpec] | N
     """Output specs for a node whose concrete shape rule fails on a zero-size input (a
     Reshape to ``[0, -1]`` leaves the -1 open), from the graph's symbolic shapes (``[batch,
     64]``) at these sizes; None when that does not settle them."""
-    if symbolic is None or not any(s is not None and _size(s) == 0 for s in in_specs):
+    if symbolic is None or not any(isinstance(s, TensorSpec) and _size(s) == 0
+                                   for s in in_specs):
         return None
     out = []
     for name in n.outputs:
@@ -367,7 +536,8 @@ def _plan_time(n, consts, out_specs) -> bool:
         return True
     if not _inputs_known(n, consts):
         return False
-    return all(int(np.prod(s.shape)) <= _PLAN_CONST_MAX for s in out_specs)
+    return all(isinstance(s, TensorSpec) and int(np.prod(s.shape)) <= _PLAN_CONST_MAX
+               for s in out_specs)
 
 
 def _inputs_known(n, consts) -> bool:
@@ -378,11 +548,26 @@ def _inputs_known(n, consts) -> bool:
 
 
 def _choose_kernel(n, in_specs):
+    if accepts_values(n.op):  # sequences, optionals, subgraphs: the op's own kernel only
+        return OPS[n.op].kernel
+    if any(s is not None and not isinstance(s, TensorSpec) for s in in_specs):
+        if n.op == "Identity":
+            return _identity_value
+        raise GraphError(f"{n.label()}: {n.op} takes tensors, not sequences or optionals")
     fakes = [None if s is None else _fake(s) for s in in_specs]
     try:
         return registry.choose_kernel(n.op, DEVICE, fakes, n.attrs)
     except OneModelError as exc:
         raise GraphError(f"{n.label()}: {exc}") from None
+
+
+def _identity_value(value):
+    """Identity of a sequence (a new list of copies) or of an optional (None when empty)."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [np.array(v, copy=True) for v in value]
+    return np.array(value, copy=True)
 
 
 def _fake(spec: TensorSpec) -> np.ndarray:
@@ -398,3 +583,6 @@ def _specs_text(in_specs) -> str:
 
 def _bound(bindings) -> str:
     return ", ".join(f"{k}={v}" for k, v in bindings.items()) or "static shapes"
+
+
+from . import controlflow  # noqa: E402,F401 - installs the subgraph executor (needs make_plan)

@@ -21,7 +21,7 @@ from .graph import Graph
 from .passes import PassManager
 from .placement import place
 from .plancache import CacheInfo, PlanCache
-from .planner import Plan, make_plan
+from .planner import Plan, _input_spec, _signature, make_plan
 from .profiling import Profiler
 
 
@@ -80,6 +80,8 @@ class Session:
         value_inputs = self.graph.value_inputs(self._specs)
         self._value_inputs = [i for i, v in enumerate(self.graph.inputs) if v.name in value_inputs]
         self._output_names = [v.name for v in self.graph.outputs]
+        # sequences or optionals among the inputs: their signatures are read element by element
+        self._plain_inputs = all(v.kind == "tensor" for v in self.graph.inputs)
         self._plans = PlanCache()
         self._profiler = Profiler() if profile else None
         self.device = devices.normalize(device)
@@ -156,7 +158,10 @@ class Session:
         Returns name -> Tensor, or name -> numpy array with ``return_numpy=True``."""
         arrays = self._check_feeds(feeds)
         wanted = tuple(self._output_names if outputs is None else outputs)
-        key = (tuple(a.shape for a in arrays), wanted)
+        if self._plain_inputs:
+            key = (tuple(a.shape for a in arrays), wanted)
+        else:
+            key = (tuple(_signature(a) for a in arrays), wanted)
         if self._value_inputs:
             key += tuple(arrays[i].tobytes() for i in self._value_inputs)
         plan = self._plans.get_or_build(key, self._make_plan, arrays, wanted)
@@ -174,7 +179,7 @@ class Session:
             return {name: Tensor._wrap(r, self.device) for name, r in zip(wanted, results)}
         if return_numpy:
             return dict(zip(wanted, results))
-        return {name: Tensor._wrap(r) for name, r in zip(wanted, results)}
+        return {name: _wrap(r) for name, r in zip(wanted, results)}
 
     def plan_for(self, shapes: Mapping[str, Sequence[int]],
                  outputs: Sequence[str] | None = None) -> Plan:
@@ -222,8 +227,14 @@ class Session:
         arrays = []
         for v in self.graph.inputs:
             if v.name not in feeds:
+                if v.kind.startswith("optional"):
+                    arrays.append(None)  # an optional input left out: an empty optional
+                    continue
                 raise OneModelError(f"missing input {v.name!r} ({v.dtype.name}"
                                     f"[{', '.join(str(d) for d in v.shape)}])")
+            if v.kind != "tensor":
+                arrays.append(_as_value(v, feeds[v.name]))
+                continue
             arr = _as_array(v, feeds[v.name])
             if arr.dtype != v.dtype.numpy:
                 got = DType.from_numpy(arr.dtype).name if arr.dtype in _KNOWN else arr.dtype
@@ -237,7 +248,8 @@ class Session:
         if missing:
             raise OneModelError(f"unknown output {missing[0]!r}; this graph's outputs are "
                                 + ", ".join(repr(o) for o in self._output_names))
-        shapes = {v.name: a.shape for v, a in zip(self.graph.inputs, arrays)}
+        shapes = {v.name: a.shape if v.kind == "tensor" else _input_spec(v, a)
+                  for v, a in zip(self.graph.inputs, arrays)}
         values = {self.graph.inputs[i].name: np.array(arrays[i], copy=True)
                   for i in self._value_inputs}
         plan = make_plan(self.graph, shapes, wanted, values, self._specs)
@@ -247,6 +259,42 @@ class Session:
 
 
 _KNOWN = {d.numpy for d in DType}
+
+
+def _wrap(result):
+    """A run's output for the caller: a Tensor, a list of Tensors (a sequence), or None (an
+    empty optional)."""
+    if result is None:
+        return None
+    if isinstance(result, list):
+        return [Tensor._wrap(r) for r in result]
+    return Tensor._wrap(result)
+
+
+def _as_value(v, value):
+    """A feed for a sequence or optional input: a list of arrays, or None for an empty
+    optional; each element must have the input's dtype."""
+    if value is None:
+        if v.kind.startswith("optional"):
+            return None
+        raise OneModelError(f"input {v.name!r} is a sequence; give a list of arrays, not None")
+    if v.kind in ("sequence", "optional_sequence"):
+        if isinstance(value, np.ndarray) or not isinstance(value, (list, tuple)):
+            raise OneModelError(f"input {v.name!r} is a sequence of {v.dtype.name} tensors; "
+                                f"give a list of arrays, not a {type(value).__name__}")
+        out = []
+        for k, x in enumerate(value):
+            arr = _as_array(v, x)
+            if arr.dtype != v.dtype.numpy:
+                raise OneModelError(f"input {v.name!r} element {k} must have dtype "
+                                    f"{v.dtype.name}, got {arr.dtype}; cast it first")
+            out.append(arr)
+        return out
+    arr = _as_array(v, value)  # an optional tensor that holds a value
+    if arr.dtype != v.dtype.numpy:
+        raise OneModelError(f"input {v.name!r} must have dtype {v.dtype.name}, got "
+                            f"{arr.dtype}; cast it first")
+    return arr
 
 
 def _as_array(v, value) -> np.ndarray:

@@ -19,7 +19,11 @@ The JSON header holds ``name``, ``metadata`` (string -> string), ``inputs`` and 
 ``name``, ``inputs``, ``outputs``, ``attrs``) and ``initializers`` (``name``, ``dtype``,
 ``shape``, ``offset`` into the data, ``nbytes``). Attribute values are tagged:
 ``{"i": 1}``, ``{"f": 0.5}``, ``{"s": "Relu"}``, ``{"b": true}``, ``{"ints": [..]}``,
-``{"floats": [..]}``, ``{"strs": [..]}``, ``{"dtype": "F32"}``, ``{"none": true}``.
+``{"floats": [..]}``, ``{"strs": [..]}``, ``{"dtype": "F32"}``, ``{"none": true}``, and for
+control flow ``{"graph": {..}}`` (a subgraph: ``name``, ``inputs``, ``outputs``, ``nodes`` and
+``initializers`` as above, nested to at most ``MAX_DEPTH`` levels; its initializers' bytes are in
+the same data section) and ``{"type": {..}}`` (the value type of an ``Optional``). An input or
+output that is not a tensor has ``"kind"``: ``sequence``, ``optional`` or ``optional_sequence``.
 
 Loading maps the file and builds the initializers as read-only views of it (no copy). Every
 length is checked against the file size before anything is read, the header length against
@@ -45,14 +49,17 @@ import numpy as np
 
 from onemodel.runtime import Graph, GraphError, Node, ValueInfo
 from onemodel.runtime.dims import dim_to_text, parse_dim
+from onemodel.runtime.graph import VALUE_KINDS
 from onemodel.runtime.guards import guards_from_list, guards_to_list
-from onemodel.tensors import DType, OneModelError
+from onemodel.tensors import DType, OneModelError, TensorSpec
 from onemodel.tensors.fileio import atomic_write, load_limit, read_json
+from onemodel.tensors.ops.sequence import OptionalSpec, SequenceSpec
 
 MAGIC = b"ONEMODEL"
 VERSION = 1
 _FIXED = struct.Struct("<8sIIQQII")
 ALIGN = 64
+MAX_DEPTH = 32  # subgraphs inside subgraphs
 
 
 class NativeFormatError(OneModelError):
@@ -65,28 +72,49 @@ def _pad(n: int) -> int:
 
 # saving -----------------------------------------------------------------------------------------
 
-def save(graph: Graph, path: str | os.PathLike) -> None:
-    """Write ``graph`` to ``path`` atomically."""
-    inits, offset = [], 0
-    arrays = []
-    for name, arr in graph.initializers.items():
+class _Data:
+    """The data section being written: arrays at 64-byte aligned offsets."""
+
+    def __init__(self):
+        self.offset = 0
+        self.arrays: list = []
+
+    def add(self, arr) -> tuple[int, int]:
         arr = np.asarray(arr)
         data = np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False)
-        offset += _pad(offset)
-        inits.append({"name": name, "dtype": DType.from_numpy(arr.dtype).name,
-                      "shape": list(arr.shape), "offset": offset, "nbytes": data.nbytes})
-        arrays.append((offset, data))
-        offset += data.nbytes
-    header = {
+        self.offset += _pad(self.offset)
+        at = self.offset
+        self.arrays.append((at, data))
+        self.offset += data.nbytes
+        return at, data.nbytes
+
+
+def _encode_graph(graph: Graph, out: _Data, depth: int = 0) -> dict:
+    if depth > MAX_DEPTH:
+        raise NativeFormatError(f"subgraphs are nested more than {MAX_DEPTH} levels deep")
+    inits = []
+    for name, arr in graph.initializers.items():
+        at, nbytes = out.add(arr)
+        inits.append({"name": name, "dtype": DType.from_numpy(np.asarray(arr).dtype).name,
+                      "shape": list(np.shape(arr)), "offset": at, "nbytes": nbytes})
+    return {
         "name": graph.name,
         "metadata": {str(k): str(v) for k, v in graph.metadata.items()},
         "inputs": [_value(v) for v in graph.inputs],
         "outputs": [_value(v) for v in graph.outputs],
         "nodes": [{"op": n.op, "name": n.name, "inputs": list(n.inputs),
                    "outputs": list(n.outputs),
-                   "attrs": {k: _encode_attr(v) for k, v in n.attrs.items()}} for n in graph.nodes],
+                   "attrs": {k: _encode_attr(v, out, depth) for k, v in n.attrs.items()}}
+                  for n in graph.nodes],
         "initializers": inits,
     }
+
+
+def save(graph: Graph, path: str | os.PathLike) -> None:
+    """Write ``graph`` to ``path`` atomically."""
+    out = _Data()
+    header = _encode_graph(graph, out)
+    offset, arrays = out.offset, out.arrays
     if graph.guards:  # conditions on sizes the traced graph holds under; older files have none
         header["guards"] = guards_to_list(graph.guards)
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -100,12 +128,29 @@ def save(graph: Graph, path: str | os.PathLike) -> None:
 
 
 def _value(v: ValueInfo) -> dict:
-    return {"name": v.name, "dtype": v.dtype.name, "shape": [dim_to_text(d) for d in v.shape]}
+    out = {"name": v.name, "dtype": v.dtype.name, "shape": [dim_to_text(d) for d in v.shape]}
+    if v.kind != "tensor":
+        out["kind"] = v.kind
+    return out
 
 
-def _encode_attr(v: Any) -> dict:
+def _encode_type(t) -> dict:
+    if isinstance(t, TensorSpec):
+        return {"tensor": t.dtype.name, "shape": [dim_to_text(d) for d in t.shape]}
+    if isinstance(t, SequenceSpec):
+        return {"sequence": t.dtype.name if t.dtype is not None else None}
+    if isinstance(t, OptionalSpec):
+        return {"optional": None if t.inner is None else _encode_type(t.inner)}
+    raise NativeFormatError(f"cannot store value type {t!r}")
+
+
+def _encode_attr(v: Any, out: _Data | None = None, depth: int = 0) -> dict:
     if v is None:
         return {"none": True}
+    if isinstance(v, Graph):
+        return {"graph": _encode_graph(v, out if out is not None else _Data(), depth + 1)}
+    if isinstance(v, (TensorSpec, SequenceSpec, OptionalSpec)):
+        return {"type": _encode_type(v)}
     if isinstance(v, bool):
         return {"b": v}
     if isinstance(v, DType):
@@ -221,7 +266,9 @@ def _dtype(v, what: str) -> DType:
     return DType[v]
 
 
-def _decode(h: dict, mm: mmap.mmap, data_start: int, dlen: int) -> Graph:
+def _decode(h: dict, mm: mmap.mmap, data_start: int, dlen: int, depth: int = 0) -> Graph:
+    if depth > MAX_DEPTH:
+        raise NativeFormatError(f"corrupt header: subgraphs nested more than {MAX_DEPTH} deep")
     h = _dict(h, "the header")
     raw_nodes = _list(h["nodes"], "nodes")
     limit = load_limit("NODES")
@@ -244,7 +291,8 @@ def _decode(h: dict, mm: mmap.mmap, data_start: int, dlen: int) -> Graph:
         arr = np.frombuffer(mm, dtype=dt.numpy.newbyteorder("<"), count=count,
                             offset=data_start + off).reshape(shape)
         inits[name] = arr if arr.dtype == dt.numpy else arr.astype(dt.numpy)
-    nodes = [_node(_dict(n, "a node")) for n in raw_nodes]
+    ctx = (mm, data_start, dlen, depth)
+    nodes = [_node(_dict(n, "a node"), ctx) for n in raw_nodes]
     meta = _dict(h.get("metadata", {}), "metadata")
     return Graph([_value_info(v) for v in _list(h["inputs"], "inputs")],
                  [_value_info(v) for v in _list(h["outputs"], "outputs")],
@@ -252,12 +300,12 @@ def _decode(h: dict, mm: mmap.mmap, data_start: int, dlen: int) -> Graph:
                  _str(h.get("name", ""), "the graph name"))
 
 
-def _node(n: dict) -> Node:
+def _node(n: dict, ctx) -> Node:
     op = _str(n["op"], "an op name")
     name = _str(n.get("name", ""), "a node name")
     inputs, outputs = _strs(n["inputs"], name, "inputs"), _strs(n["outputs"], name, "outputs")
     attrs = _dict(n["attrs"], "attrs")
-    return Node(op, inputs, outputs, {k: _decode_attr(v) for k, v in attrs.items()}, name)
+    return Node(op, inputs, outputs, {k: _decode_attr(v, ctx) for k, v in attrs.items()}, name)
 
 
 def _strs(v, node: str, what: str) -> list[str]:
@@ -269,16 +317,40 @@ def _strs(v, node: str, what: str) -> list[str]:
 
 def _value_info(v: dict) -> ValueInfo:
     v = _dict(v, "an input or output")
+    kind = _str(v.get("kind", "tensor"), "a value kind")
+    if kind not in VALUE_KINDS:
+        raise NativeFormatError(f"corrupt header: unknown value kind {kind!r}")
     return ValueInfo(_str(v["name"], "a value name"), _dtype(v["dtype"], "a value"),
-                     tuple(parse_dim(d) for d in _list(v["shape"], "shape")))
+                     tuple(parse_dim(d) for d in _list(v["shape"], "shape")), kind)
 
 
-def _decode_attr(v: dict):
+def _decode_type(t, depth: int = 0):
+    t = _dict(t, "a value type")
+    if depth > MAX_DEPTH or len(t) not in (1, 2):
+        raise NativeFormatError(f"corrupt value type {t!r}")
+    if "tensor" in t:
+        return TensorSpec(tuple(parse_dim(d) for d in _list(t.get("shape", []), "shape")),
+                          _dtype(t["tensor"], "a value type"))
+    if "sequence" in t:
+        return SequenceSpec(None if t["sequence"] is None
+                            else _dtype(t["sequence"], "a sequence type"), None)
+    if "optional" in t:
+        inner = t["optional"]
+        return OptionalSpec(None if inner is None else _decode_type(inner, depth + 1), None)
+    raise NativeFormatError(f"corrupt value type {t!r}")
+
+
+def _decode_attr(v: dict, ctx=None):
     if not isinstance(v, dict) or len(v) != 1:
         raise NativeFormatError(f"corrupt attribute {v!r}")
     (tag, value), = v.items()
     if tag == "none":
         return None
+    if tag == "graph" and ctx is not None:
+        mm, data_start, dlen, depth = ctx
+        return _decode(value, mm, data_start, dlen, depth + 1)
+    if tag == "type":
+        return _decode_type(value)
     if tag == "b" and isinstance(value, bool):
         return value
     if tag == "i":

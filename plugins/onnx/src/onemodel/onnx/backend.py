@@ -21,9 +21,24 @@ class OneModelRep(BackendRep):
         else:
             names = [i.name for i in self.session.inputs]
             feeds = dict(zip(names, inputs))
-        feeds = {k: np.asarray(v) for k, v in feeds.items()}
+        feeds = {k: _feed(v) for k, v in feeds.items()}
         out = self.session.run(feeds)
-        return [out[o.name].numpy() for o in self.session.outputs]
+        return [_result(out[o.name]) for o in self.session.outputs]
+
+
+def _feed(v):
+    """Arrays as arrays; a sequence (list) and an empty optional (None) as they are."""
+    if v is None or isinstance(v, list):
+        return v
+    return np.asarray(v)
+
+
+def _result(r):
+    if r is None:  # an empty optional
+        return None
+    if isinstance(r, list):  # a sequence
+        return [t.numpy() for t in r]
+    return r.numpy()
 
 
 class OneModelBackend(Backend):

@@ -2,6 +2,8 @@
 
 from . import (  # noqa: F401 - defines the ops
     attention,
+    controlflow,
+    dynamic,
     elementwise,
     fused,
     gather,
@@ -13,6 +15,7 @@ from . import (  # noqa: F401 - defines the ops
     recurrent,
     reduction,
     resample,
+    sequence,
     shape,
     signal,
 )
