@@ -54,6 +54,11 @@ TEST_TOOLS = ["torch==2.13.0", "onnxruntime", "pytest>=8", "pytest-xdist>=3", "r
               # downloads) and exported by torch.onnx's two exporters (dynamo needs onnxscript)
               "transformers==5.24.0", "onnxscript==0.7.2"]
 
+# torchvision's model definitions for the real-model suite: its release for this torch wants a
+# newer torch, so it comes without dependencies (the tests stub its compiled ops); its datasets
+# module imports PIL
+NO_DEPS_TOOLS = ["torchvision==0.29.1", "pillow"]
+
 
 CURATED_MATRIX = ["none", "template", "native", "all"]
 
@@ -67,7 +72,7 @@ def _fingerprint() -> str:
     for path in sorted([Path(__file__),
                         *(ROOT / d / "pyproject.toml" for d in DISTRIBUTIONS + EXAMPLES)]):
         h.update(path.read_bytes())
-    h.update(" ".join(TEST_TOOLS).encode())
+    h.update(" ".join(TEST_TOOLS + NO_DEPS_TOOLS).encode())
     return h.hexdigest()
 
 
@@ -85,6 +90,7 @@ def ensure_environment() -> None:
     for d in DISTRIBUTIONS + EXAMPLES:
         cmd += ["-e", str(ROOT / d)]
     subprocess.run(cmd + TEST_TOOLS, check=True)
+    subprocess.run(cmd[:5] + ["--no-deps", *NO_DEPS_TOOLS], check=True)
     STAMP.write_text(want)
 
 
