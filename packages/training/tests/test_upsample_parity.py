@@ -176,6 +176,7 @@ class Interpolations(nn.Module):
         return a + b * c
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the TorchScript exporter's notice
 @pytest.mark.parametrize("opset", [11, 17])
 def test_torch_exported_interpolate_imports_and_agrees_with_onnxruntime(opset, tmp_path):
     pytest.importorskip("onemodel.onnx")
