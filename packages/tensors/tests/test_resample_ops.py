@@ -51,6 +51,27 @@ def test_interpolate_matches_torch_forward_and_backward(mode, nd, align_corners,
     np.testing.assert_allclose(ox.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("how", [dict(size=(5, 7)), dict(size=(4, 17)), dict(size=(20, 30)),
+                                 dict(scale_factor=0.4)], ids=str)
+def test_interpolate_with_antialias_matches_torch(mode, how):
+    align_corners = False
+    with pytest.raises(OneModelError, match="align_corners=True is not supported"):
+        F.interpolate(Tensor.randn(1, 1, 6, 6), mode=mode, antialias=True, align_corners=True,
+                      **how)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 2, 13, 17)).astype(np.float32)
+    tx = torch.tensor(x, requires_grad=True)
+    want = TF.interpolate(tx, mode=mode, align_corners=align_corners, antialias=True, **how)
+    ox = Tensor.from_numpy(x).requires_grad_()
+    got = F.interpolate(ox, mode=mode, align_corners=align_corners, antialias=True, **how)
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    g = rng.standard_normal(tuple(want.shape)).astype(np.float32)
+    want.backward(torch.tensor(g))
+    got.backward(Tensor.from_numpy(g))
+    np.testing.assert_allclose(ox.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_interpolate_per_axis_scale_factors_match_torch():
     x = np.random.default_rng(0).standard_normal((1, 2, 5, 6)).astype(np.float32)
     for mode in ("nearest", "bilinear", "bicubic"):

@@ -8,7 +8,9 @@ Each PyTorch mode becomes the Resize form that computes the same thing:
 - ``linear``/``bilinear``/``trilinear`` and ``bicubic`` (cubic with a = -0.75): ``align_corners``
   when asked, else ``half_pixel`` (PyTorch's source index is (y + 0.5) / s - 0.5; ONNX's
   ``pytorch_half_pixel`` differs from it for an output of size 1, ``half_pixel`` does not);
-- ``area``: adaptive average pooling to the output size.
+- ``area``: adaptive average pooling to the output size;
+- ``antialias=True`` (bilinear, bicubic): Resize's ``antialias`` with ``exclude_outside`` (PyTorch
+  renormalizes over the taps inside the image) and, for bicubic, a = -0.5 as PyTorch uses.
 
 With ``scale_factor`` (and ``recompute_scale_factor`` not set) PyTorch samples with the scale
 itself, not the ratio of sizes, so the op gets ``scales``; with ``size``, ``align_corners`` or
@@ -71,10 +73,14 @@ def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "neares
     if align_corners is not None and not linear:
         raise OneModelError("interpolate: align_corners applies to the modes linear, bilinear, "
                             "bicubic and trilinear only")
-    if antialias:
-        raise OneModelError("interpolate: antialias=True is not supported; resize without it "
-                            "or pool first (avg_pool2d)")
+    if antialias and mode not in ("bilinear", "bicubic"):
+        raise OneModelError("interpolate: antialias=True applies to the modes bilinear and "
+                            "bicubic only")
     align_corners = bool(align_corners)
+    if antialias and align_corners:
+        raise OneModelError("interpolate: antialias=True with align_corners=True is not "
+                            "supported (ONNX's antialiasing has no aligned-corners form); use "
+                            "align_corners=False")
     if (size is None) == (scale_factor is None):
         raise OneModelError("interpolate: give exactly one of size and scale_factor")
     spatial = tuple(input.shape[2:])
@@ -124,7 +130,9 @@ def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "neares
                      coordinate_transformation_mode="align_corners" if align_corners
                      else "half_pixel")
         if mode == "bicubic":
-            attrs["cubic_coeff_a"] = -0.75
+            attrs["cubic_coeff_a"] = -0.5 if antialias else -0.75
+        if antialias:  # PyTorch's antialiasing: ONNX's, renormalized over the taps inside
+            attrs.update(antialias=1, exclude_outside=1)
     if scales is not None and not align_corners:
         scales_t = Tensor._wrap(np.asarray(scales, dtype=np.float32))
         return _call("Resize", input, None, scales_t, None, **attrs)
