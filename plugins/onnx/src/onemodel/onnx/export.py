@@ -41,6 +41,7 @@ def to_model(graph: Graph, opset: int | None = None):
     graph.validate(allow_unknown=True)
     need = required_opset(graph)
     target = need if opset is None else int(opset)
+    _refuse_control_flow(graph)
     for n in graph.nodes:
         if OPS[n.op].domain:
             raise OneModelError(f"node {n.name} ({n.op}) is a OneModel-internal op with no ONNX "
@@ -80,6 +81,20 @@ def to_model(graph: Graph, opset: int | None = None):
         entry.key, entry.value = METADATA_KEY, guards_to_json(graph.guards)
     onnx.checker.check_model(model)
     return model
+
+
+def _refuse_control_flow(graph: Graph) -> None:
+    """Subgraphs and non-tensor values have no ONNX export yet: say so instead of writing a
+    file that would not load."""
+    for v in graph.inputs + graph.outputs:
+        if v.kind != "tensor":
+            raise OneModelError(f"ONNX export of {v.kind} values ({v.name!r}) is not supported "
+                                "yet; save the graph in the native format (.onemodel) instead")
+    for n in graph.nodes:
+        if any(isinstance(v, Graph) for v in n.attrs.values()):
+            raise OneModelError(f"ONNX export of control flow (node {n.name or '?'}, {n.op} with "
+                                "a subgraph) is not supported yet; save the graph in the native "
+                                "format (.onemodel) instead")
 
 
 def save(graph: Graph, path: str | os.PathLike, opset: int | None = None) -> None:
