@@ -63,7 +63,7 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         cols[lead + kidx] = xl[(slice(None), *sl)]
     # W (M, Cg, *k) -> (G, K * Cg, Mg) in the columns' (k, c) order
     w = xp.moveaxis(W.reshape(group, mg, cg, *k), 2, -1).reshape(group, mg, kk * cg)
-    w = w.transpose(0, 2, 1)
+    w = xp.ascontiguousarray(w.transpose(0, 2, 1))  # a strided batch is no BLAS call
     if group == 1:
         y = xp.matmul(cols.reshape(n * ll, kk * c), w[0])  # (N * L, M)
     else:
