@@ -329,3 +329,22 @@ def test_reductions_over_an_empty_axis():
         run("ArgMax", x, axis=1)
     assert run("ArgMin", x, axis=0, keepdims=0).numpy().shape == (0,)
     assert run("ArgMax", np.zeros((0, 0)), axis=1).numpy().shape == (0, 1)
+
+
+def test_max_pool_indices_match_torch():
+    x = RNG.standard_normal((2, 3, 7, 6))
+    x[0, 0, :2, :2] = 5.0  # ties: the first in the window
+    y, idx = run("MaxPoolWithIndices", x, kernel_shape=(3, 2), strides=(2, 2),
+                 pads=(1, 0, 1, 0))
+    ry, ri = torch.nn.functional.max_pool2d(torch.tensor(x), (3, 2), (2, 2), padding=(1, 0),
+                                            return_indices=True)
+    np.testing.assert_array_equal(y.numpy(), ry.numpy())
+    plane = (np.arange(6) * 42).reshape(2, 3, 1, 1)  # ONNX: flat over N and C too
+    np.testing.assert_array_equal(idx.numpy(), ri.numpy() + plane)
+    np.testing.assert_array_equal(y.numpy(), run("MaxPool", x, kernel_shape=(3, 2),
+                                                 strides=(2, 2), pads=(1, 0, 1, 0)).numpy())
+    # storage_order 1: column-major over the spatial axes
+    _, col = run("MaxPoolWithIndices", x, kernel_shape=(3, 2), strides=(2, 2),
+                 pads=(1, 0, 1, 0), storage_order=1)
+    r, c = np.divmod(ri.numpy(), 6)
+    np.testing.assert_array_equal(col.numpy(), r + c * 7 + plane)

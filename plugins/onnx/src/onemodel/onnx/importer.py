@@ -347,8 +347,8 @@ class _ImportNode(ImportNode):
     def const(self, values, dtype=np.int64) -> str:
         return _const(self._graph, self._fresh, values, dtype)
 
-    def emit(self, op, inputs, attrs=None, outputs=1) -> list[str]:
-        names = [self._fresh(f"{op}_out") for _ in range(outputs)]
+    def emit(self, op, inputs, attrs=None, outputs=1, names=None) -> list[str]:
+        names = list(names) if names else [self._fresh(f"{op}_out") for _ in range(outputs)]
         self._graph.nodes.append(Node(op, list(inputs), names, dict(attrs or {}),
                                       self._fresh(op)))
         return names

@@ -47,8 +47,9 @@ class ImportNode(ABC):
 
     @abstractmethod
     def emit(self, op: str, inputs: Sequence[str], attrs: dict[str, Any] | None = None,
-             outputs: int = 1) -> list[str]:
-        """Add a node of the op set before this one; returns its fresh output names."""
+             outputs: int = 1, names: Sequence[str] | None = None) -> list[str]:
+        """Add a node of the op set before this one; returns its output names: ``names`` when
+        given (a replacement producing this node's outputs), else ``outputs`` fresh ones."""
 
     @abstractmethod
     def dtype(self, code: int) -> DType:

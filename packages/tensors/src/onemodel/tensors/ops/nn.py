@@ -1124,3 +1124,61 @@ def roi_align(X, rois, batch_indices, *, coordinate_transformation_mode="half_pi
         else:
             out[i] = best.max(axis=(2, 4)).astype(X.dtype)
     return out
+
+
+# MaxPool's Indices output ------------------------------------------------------------------------
+
+def _max_pool_indices_shape(specs, **attrs):
+    y = _pool_shape(specs, **attrs)
+    return [y, TensorSpec(y.shape, DType.I64)]
+
+
+@onnx_adapter("MaxPool")
+def _max_pool_with_indices(node: ImportNode) -> None:
+    """A MaxPool whose second output (Indices) is used becomes MaxPoolWithIndices; the plain
+    MaxPool (and its faster backend kernels) stays single-output."""
+    if len(node.outputs) < 2 or not node.outputs[1]:
+        return
+    node.need(1)
+    attrs = {k: tuple(v) if isinstance(v, list) else v for k, v in node.attrs.items()}
+    node.emit("MaxPoolWithIndices", node.inputs[:1], attrs, names=node.outputs[:2])
+    node.replaced = True
+
+
+@defop("MaxPoolWithIndices", shape=_max_pool_indices_shape, outputs=("Y", "Indices"),
+       domain="onemodel")
+def max_pool_with_indices(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
+                          kernel_shape=(), pads=None, storage_order=0, strides=None):
+    """ONNX MaxPool with its Indices output: each window's maximum and the flat index of its
+    first occurrence in X (N, C and the spatial axes, row-major, or column-major over the
+    spatial axes when ``storage_order`` is 1; padding is never an index)."""
+    k, s, pb, pe, d, out_sp, _ = _pool_setup(X, kernel_shape, strides, pads, dilations, auto_pad,
+                                             ceil_mode)
+    sp = X.shape[2:]
+    nd = len(sp)
+    lowest = -np.inf if X.dtype.kind == "f" else np.iinfo(X.dtype).min
+    xp = _pad_spatial(X, pb, pe, lowest)
+    best = np.full(X.shape[:2] + tuple(out_sp), lowest, X.dtype)
+    where = np.full(best.shape, -1, np.int64)
+    # spatial strides of the flat index: row-major, or column-major (storage_order 1)
+    order = range(nd) if storage_order else reversed(range(nd))
+    step, acc = [0] * nd, 1
+    for i in order:
+        step[i], acc = acc, acc * sp[i]
+    for kidx, sl in _positions(k, s, d, out_sp):
+        window = xp[(slice(None), slice(None), *sl)]
+        flat = np.zeros(out_sp, np.int64)
+        valid = np.ones(out_sp, bool)
+        for i in range(nd):
+            shape = [1] * nd
+            shape[i] = out_sp[i]
+            coord = (np.arange(out_sp[i]) * s[i] - pb[i] + kidx[i] * d[i]).reshape(shape)
+            valid = valid & (coord >= 0) & (coord < sp[i])
+            flat = flat + coord * step[i]
+        take = valid & ((window > best) | (where < 0))
+        best = np.where(take, window, best)
+        where = np.where(take, flat, where)
+    plane = math.prod(sp)
+    channel = np.arange(X.shape[0] * X.shape[1], dtype=np.int64).reshape(
+        X.shape[:2] + (1,) * nd) * plane
+    return best, np.where(where < 0, -1, where + channel)
