@@ -288,10 +288,10 @@ def arg_min(data, *, axis=0, keepdims=1, select_last_index=0):
 # shape ops --------------------------------------------------------------------------------------
 
 def reshape(data, shape, *, allowzero=0):
-    target = np.asarray(shape).reshape(-1).tolist()
+    target = tuple(np.asarray(shape).reshape(-1).tolist())
     if allowzero or 0 not in target:
         return data.reshape(target)  # numpy's rule is ONNX's here (one -1 inferred)
-    return data.reshape(reshape_target(data.shape, target, allowzero))
+    return data.reshape(tuple(reshape_target(data.shape, target, allowzero)))
 
 
 def flatten(input, *, axis=1):
