@@ -97,3 +97,37 @@ def test_broadcast_dims_round_trip_through_their_text():
         parse_dim("broadcast(2, 3)")
     with pytest.raises(OneModelError, match="cannot read"):
         parse_dim("broadcast(b, t")
+
+
+def test_torchscript_expand_target_through_equal_and_where_stays_known():
+    # TorchScript writes x.expand(-1, s) as Expand(x, Where(Equal(t, -1), ones, t)) with t
+    # computed from Shape: the target's value (batch, s) is followed through Equal and Where,
+    # so every shape after it is known when the graph loads
+    nodes = [h.make_node("Shape", ["z"], ["zs"]),
+             h.make_node("Gather", ["zs", "one"], ["s"], axis=0),
+             h.make_node("Unsqueeze", ["s", "zero"], ["s1"]),
+             h.make_node("Concat", ["minus1", "s1"], ["t"], axis=0),
+             h.make_node("Equal", ["t", "minus1"], ["is_free"]),
+             h.make_node("ConstantOfShape", ["two"], ["ones"],
+                         value=h.make_tensor("v", T.INT64, [1], [1])),
+             h.make_node("Where", ["is_free", "ones", "t"], ["target"]),
+             h.make_node("Expand", ["x", "target"], ["e"], name="grow"),
+             h.make_node("Add", ["e", "z"], ["y"])]
+    inits = [h.make_tensor("one", T.INT64, [], [1]), h.make_tensor("zero", T.INT64, [1], [0]),
+             h.make_tensor("minus1", T.INT64, [1], [-1]), h.make_tensor("two", T.INT64, [1], [2])]
+    model = _model(nodes, [("x", T.FLOAT, ["b", 1]), ("z", T.FLOAT, ["b", "s"])], inits)
+    specs = from_model(model, "m").validate(allow_unknown=True)
+    assert specs["target"].value is not None and [str(d) for d in specs["y"].shape] == ["b", "s"]
+    _agree(model, [{"x": (2, 1), "z": (2, 5)}, {"x": (3, 1), "z": (3, 1)}])
+
+
+def test_matmul_over_differently_named_inner_axes_is_checked_when_planned():
+    model = _model([h.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                   [("x", T.FLOAT, ["b", "k"]), ("w", T.FLOAT, ["n", 3])])
+    session = _agree(model, [{"x": (2, 4), "w": (4, 3)}, {"x": (1, 6), "w": (6, 3)}])
+    with pytest.raises(OneModelError, match="mm"):
+        session.run(_feeds(model, {"x": (2, 4), "w": (5, 3)}))
+    never = _model([h.make_node("MatMul", ["x", "w"], ["y"])],
+                   [("x", T.FLOAT, ["b", "k"]), ("w", T.FLOAT, ["k + 1", 3])])
+    with pytest.raises(OneModelError, match="inner dimensions"):  # never equal: refused at load
+        Session(from_model(never, "m"))

@@ -16,7 +16,7 @@ from onemodel.tensors import DimExpr, DType, OneModelError
 from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops import OPS
 
-_INT = (DType.I64, DType.I32)
+_INT = (DType.I64, DType.I32, DType.BOOL)  # BOOL: Equal's mask that a Where then reads
 _MAX = 64
 
 

@@ -283,6 +283,16 @@ def dims_equal(a: Dim, b: Dim) -> bool:
     return int(a) == int(b)
 
 
+def may_equal(a: Dim, b: Dim) -> bool:
+    """Equal, or sizes only real sizes can tell apart (``seq`` and ``n``, ``seq`` and 16): a rule
+    that needs them equal accepts them and the plan, running it on real sizes, checks. Sizes
+    that differ by a constant (``seq`` and ``seq + 1``) never are."""
+    if not isinstance(a, DimExpr) and not isinstance(b, DimExpr):
+        return int(a) == int(b)
+    diff = add(a, mul(b, -1))
+    return isinstance(diff, DimExpr) or diff == 0
+
+
 def format_shape(shape: Sequence[Dim]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 

@@ -276,7 +276,42 @@ def clip(input, min=None, max=None):
 
 # comparisons and logic -----------------------------------------------------------------------
 
-@defop("Equal", shape=_compare)
+def _aligned(*values):
+    """1-D values broadcast to one length (each of that length or one element), or None."""
+    n = max(len(v) for v in values)
+    if any(len(v) not in (1, n) for v in values):
+        return None
+    return [tuple(v) * n if len(v) == 1 else tuple(v) for v in values]
+
+
+def _nonnegative(d) -> bool:
+    """A size expression whose every constant is >= 0 (no subtraction) cannot be negative."""
+    if not isinstance(d, sym.DimExpr):
+        return int(d) >= 0
+    return d.kind == "sym" or all(_nonnegative(a) for a in d.args)
+
+
+def _equal_value(in_specs, values, attrs):
+    """``symbolic_value`` of Equal on shape values: equal expressions are equal, and a size
+    differs from a negative constant (TorchScript's ``Where(Equal(shape, -1), 1, shape)``)."""
+    aligned = _aligned(*values)
+    if aligned is None:
+        return None
+    out = []
+    for x, y in zip(*aligned):
+        if not isinstance(x, sym.DimExpr) and not isinstance(y, sym.DimExpr):
+            out.append(int(int(x) == int(y)))
+        elif x == y:
+            out.append(1)
+        elif any(isinstance(u, sym.DimExpr) and _nonnegative(u) and not isinstance(v, sym.DimExpr)
+                 and int(v) < 0 for u, v in ((x, y), (y, x))):
+            out.append(0)
+        else:
+            return None
+    return tuple(out)
+
+
+@defop("Equal", symbolic_value=_equal_value, shape=_compare)
 def equal(A, B):
     return np.equal(A, B)
 
@@ -333,7 +368,15 @@ def _where_shape(specs):
     return TensorSpec(broadcast_shapes(cond.shape, x.shape, y.shape), same_dtype([x, y]))
 
 
-@defop("Where", shape=_where_shape, grad=_where_grad)
+def _where_value(in_specs, values, attrs):
+    """``symbolic_value`` of Where on 1-D values whose condition is known."""
+    aligned = _aligned(*values)
+    if aligned is None:
+        return None
+    return tuple(x if int(c) else y for c, x, y in zip(*aligned))
+
+
+@defop("Where", symbolic_value=_where_value, shape=_where_shape, grad=_where_grad)
 def where(condition, X, Y):
     return np.where(condition, X, Y)
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..dtype import FLOATING, NUMERIC
 from ..errors import ShapeError
-from ..symbolic import dims_equal
+from ..symbolic import may_equal
 from ._grad import call, unbroadcast
 from .base import TensorSpec, broadcast_shapes, defop, same_dtype
 
@@ -19,7 +19,7 @@ def _matmul_shape(specs):
         raise ShapeError("MatMul inputs must have at least one axis")
     a2 = ((1,) + sa) if len(sa) == 1 else sa
     b2 = (sb + (1,)) if len(sb) == 1 else sb
-    if not dims_equal(a2[-1], b2[-2]):
+    if not may_equal(a2[-1], b2[-2]):  # symbolic ones: checked when the plan binds sizes
         raise ShapeError(f"inner dimensions {a2[-1]} and {b2[-2]} differ")
     out = broadcast_shapes(a2[:-2], b2[:-2]) + (a2[-2], b2[-1])
     if len(sa) == 1:
@@ -54,7 +54,7 @@ def _gemm_shape(specs, *, alpha=1.0, beta=1.0, transA=0, transB=0):
         raise ShapeError("Gemm inputs A and B must be 2-D")
     m, k = a.shape[::-1] if transA else a.shape
     k2, n = b.shape[::-1] if transB else b.shape
-    if not dims_equal(k, k2):
+    if not may_equal(k, k2):
         raise ShapeError(f"inner dimensions {k} and {k2} differ")
     if len(specs) > 2 and specs[2] is not None:
         broadcast_shapes(specs[2].shape, (m, n))
