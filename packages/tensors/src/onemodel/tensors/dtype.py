@@ -120,6 +120,10 @@ SUB_BYTE_INT = frozenset({DType.I4, DType.U4, DType.I2, DType.U2})
 STORAGE = FLOAT8 | SUB_BYTE_INT | {DType.F8E8M0FNU, DType.F4E2M1FN}
 # every floating type, storage ones included (what Cast's float rules apply to)
 ALL_FLOATING = _COMPUTE_FLOATING | FLOAT8 | {DType.F8E8M0FNU, DType.F4E2M1FN}
+# the first ONNX opset whose operators take each newer element type (ONNX export picks an opset
+# at least this high for a graph holding the type)
+ONNX_MIN_OPSET = {DType.BF16: 13, **dict.fromkeys(FLOAT8, 19), DType.I4: 21, DType.U4: 21,
+                  DType.F4E2M1FN: 23, DType.F8E8M0FNU: 24, DType.I2: 25, DType.U2: 25}
 
 
 def result_dtype(*dtypes: DType) -> DType:
@@ -188,10 +192,11 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
     exp = ((bits >> 23) & 0xFF).astype(np.uint16)
     frac = bits & 0x7FFFFF
     special = exp == 0xFF
+    sub = exp == 0  # zero and float32 subnormals: frac * 2**-149, code 0 is 2**-127
     if round_mode == "up":
-        up = frac > 0
+        up = np.where(sub, frac > 0x400000, frac > 0)
     elif round_mode == "nearest":
-        up = ((frac & 0x400000) > 0) & (((frac & 0x3FFFFF) > 0) | (exp > 0))
+        up = np.where(sub, frac > 0x600000, (frac & 0x400000) > 0)
     else:
         up = np.zeros(exp.shape, bool)
     code = exp + (up & ~special)

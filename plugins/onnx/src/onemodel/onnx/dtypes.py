@@ -10,6 +10,7 @@ types (INT4, UINT4, FLOAT4E2M1) two to a byte and the 2-bit ones four to a byte,
 from __future__ import annotations
 
 from onemodel.tensors import DType, OneModelError
+from onemodel.tensors.dtype import ONNX_MIN_OPSET
 
 # TensorProto.DataType numbers (stable across onnx releases)
 TO_ONNX = {DType.F32: 1, DType.U8: 2, DType.I8: 3, DType.U16: 4, DType.I16: 5, DType.I32: 6,
@@ -32,3 +33,11 @@ def raw_nbytes(dtype: DType, count: int) -> int:
     """Bytes ``count`` elements of ``dtype`` take in a TensorProto's ``raw_data`` (packed for
     the 4- and 2-bit types: ``ceil(count * bits / 8)``)."""
     return -(-count * dtype.bits // 8)
+
+
+def min_opset(dtypes) -> int:
+    """The lowest ONNX opset whose operators take all of ``dtypes`` (0 when any opset does):
+    float8 needs 19, int4 21, float4 23, E8M0 24, int2 25. An exporter takes the highest of
+    this (over the graph's inputs, outputs and initializers) and its nodes' opsets, and the IR
+    version ``onnx.helper.find_min_ir_version_for`` gives for it."""
+    return max((ONNX_MIN_OPSET.get(d, 0) for d in dtypes), default=0)

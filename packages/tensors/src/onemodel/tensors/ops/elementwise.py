@@ -398,7 +398,18 @@ def _cast_to(node: ImportNode) -> None:
     node.attrs["to"] = node.dtype(node.attrs["to"])
 
 
-@defop("Cast", symbolic_value=first_value, shape=_cast_shape, grad=_cast_grad)
+def _cast_opset(attrs) -> int:
+    """ONNX Cast takes float8 and ``saturate`` from opset 19, int4 from 21, float4 from 23,
+    E8M0 and ``round_mode`` from 24, int2 from 25."""
+    from ..dtype import ONNX_MIN_OPSET
+
+    need = 24 if "round_mode" in attrs else 19 if "saturate" in attrs else 0
+    to = attrs.get("to")
+    return max(need, ONNX_MIN_OPSET.get(DType.of(to), 0) if to is not None else 0)
+
+
+@defop("Cast", symbolic_value=first_value, shape=_cast_shape, grad=_cast_grad,
+       onnx_opset=_cast_opset)
 def cast(input, *, to=DType.F32, saturate=1, round_mode="up"):
     """``to`` is a DType (its ONNX number when exported). ONNX Cast-25 semantics for every
     DType: round to nearest even, ``saturate`` for the 8-bit floats, ``round_mode`` for E8M0

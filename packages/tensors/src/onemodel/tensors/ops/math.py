@@ -214,7 +214,11 @@ def _cast_like_shape(specs, *, saturate=1, round_mode="up"):
     return TensorSpec(specs[0].shape, specs[1].dtype)
 
 
-@defop("CastLike", shape=_cast_like_shape)
+def _cast_like_opset(attrs) -> int:
+    return 24 if "round_mode" in attrs else 19 if "saturate" in attrs else 15
+
+
+@defop("CastLike", shape=_cast_like_shape, onnx_opset=_cast_like_opset)
 def cast_like(input, target_type, *, saturate=1, round_mode="up"):
     """Cast ``input`` to the element type of ``target_type`` (Cast's rules)."""
     return DType.from_numpy(target_type.dtype).convert(input, bool(saturate), round_mode)
