@@ -82,6 +82,32 @@ CASES = [
     ("AveragePool", [(1, 5, 7, 7)], dict(kernel_shape=(7, 7))),
     ("AveragePool", [(1, 2, 5, 5)], dict(kernel_shape=(3, 3), strides=(3, 3), ceil_mode=1,
                                          pads=(0, 0, 2, 2))),
+    *[(grad, [x, ("out", fwd, a)], a)
+      for grad, fwd in (("MaxPoolGrad", "MaxPool"), ("AveragePoolGrad", "AveragePool"))
+      for x, a in (((2, 3, 8, 10), dict(kernel_shape=(2, 2), strides=(2, 2))),
+                   ((2, 3, 9, 7), dict(kernel_shape=(2, 2), strides=(2, 2))),
+                   ((2, 3, 9, 7), dict(kernel_shape=(2, 2), strides=(2, 2), ceil_mode=1)),
+                   ((2, 3, 17, 13), dict(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))),
+                   ((2, 3, 17, 13), dict(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1,
+                                         pads=(1, 0, 1, 2))),
+                   ((1, 4, 9, 11), dict(kernel_shape=(2, 3), strides=(1, 3), dilations=(2, 1),
+                                        pads=(1, 1, 0, 1))),
+                   ((3, 2, 8, 7), dict(kernel_shape=(3, 3), auto_pad="SAME_LOWER",
+                                       strides=(2, 2))),
+                   ((1, 2, 5, 5), dict(kernel_shape=(3, 3), strides=(3, 3), ceil_mode=1,
+                                       pads=(0, 0, 2, 2))),
+                   ((1, 5, 7, 7), dict(kernel_shape=(7, 7))),
+                   ((0, 3, 6, 6), dict(kernel_shape=(2, 2), strides=(2, 2))))],
+    ("AveragePoolGrad", [(2, 3, 17, 13), ("out", "AveragePool", dict(
+        kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1), count_include_pad=1))],
+     dict(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1), count_include_pad=1)),
+    ("GlobalAveragePool", [(2, 5, 7, 3)], {}),
+    ("GlobalAveragePool", [(3, 4, 11)], {}),
+    ("GlobalAveragePool", [(1, 3, 2, 3, 4)], {}),
+    ("GlobalAveragePool", [(2, 3, 1, 1)], {}),
+    *[(op, [shape], a) for op in ("Softmax", "LogSoftmax")
+      for shape, a in (((3, 7, 33), {}), ((5, 1000), dict(axis=1)), ((4, 6, 1), dict(axis=1)),
+                       ((2, 1), {}), ((7,), dict(axis=0)))],
     # empty batches
     ("MaxPool", [(0, 3, 5, 5)], dict(kernel_shape=(2, 2))),
     ("AveragePool", [(0, 3, 5, 5)], dict(kernel_shape=(2, 2))),
@@ -90,7 +116,13 @@ CASES = [
     ("LRN", [(0, 4, 3, 3)], dict(size=3)),
     ("LayerNormalization", [(0, 6), (6,), (6,)], {}),
     ("Gelu", [(0, 5)], {}),
+    ("GlobalAveragePool", [(0, 3, 4, 4)], {}),
+    ("Softmax", [(0, 5)], {}),
+    ("LogSoftmax", [(0, 5)], {}),
 ]
+
+# ops whose numba kernel claims float32 only: for float64 its supports check must refuse
+F32_ONLY = {"Softmax", "LogSoftmax"}
 
 
 def _make(spec, rng, dtype, attrs_of_case):
@@ -135,6 +167,9 @@ def test_numba_kernel_matches_the_reference(case, contiguous, dtype):
     arrays = _inputs(op, specs, attrs, dtype, seed=len(specs) + 7 * len(attrs))
     if not contiguous:
         arrays = [_strided(a) for a in arrays]
+    if op in F32_ONLY and dtype != np.float32:
+        assert not supports(*arrays, **attrs), f"the numba {op} kernel claims {dtype}"
+        return
     assert supports(*arrays, **attrs), f"the numba {op} kernel refuses {attrs}"
     want = OPS[op].kernel(*arrays, **attrs)
     got = kernel(*arrays, **attrs)
@@ -160,7 +195,8 @@ def test_special_values_follow_the_reference():
         assert np.isnan(kernel(np.array([np.nan])))[0]
 
 
-@pytest.mark.parametrize("op", ["Conv", "LayerNormalization", "Gelu"])
+@pytest.mark.parametrize("op", ["Conv", "LayerNormalization", "Gelu", "Softmax", "MaxPoolGrad",
+                                "GlobalAveragePool"])
 def test_the_reference_stays_the_fallback(op):
     """Calls a numba kernel does not cover (float16, 1-D convolution, the tanh Gelu) are
     refused by its supports check, so kernel choice falls through to the reference kernel."""
@@ -171,6 +207,19 @@ def test_the_reference_stays_the_fallback(op):
     elif op == "LayerNormalization":
         assert not supports(np.zeros((2, 3), np.float16), np.zeros(3, np.float16))
         assert not supports(np.zeros((2, 3), np.float32), np.zeros(3, np.float64))
+    elif op == "Softmax":  # float64 rows and inner axes measured slower than the reference
+        assert not supports(np.zeros((2, 3), np.float64))
+        assert not supports(np.zeros((2, 3, 4), np.float32), axis=1)
+        assert not supports(np.zeros((2, 3), np.float32), axis=2)
+        assert supports(np.zeros((2, 3, 1), np.float32), axis=1)
+    elif op == "MaxPoolGrad":
+        assert not supports(np.zeros((1, 2, 5), np.float32), np.zeros((1, 2, 2), np.float32),
+                            kernel_shape=(2,))
+        assert not supports(np.zeros((1, 2, 4, 4), np.float32), np.zeros((1, 2, 2, 2), np.float64),
+                            kernel_shape=(2, 2))
+    elif op == "GlobalAveragePool":
+        assert not supports(np.zeros((2, 3), np.float32))
+        assert not supports(np.zeros((2, 3, 4, 4), np.int32))
     else:
         assert not supports(np.zeros((2, 3), np.float32), approximate="tanh")
         assert not supports(np.zeros((2, 3), np.float16))
@@ -235,3 +284,45 @@ def test_pooling_refuses_what_it_does_not_cover():
     assert not supports(np.zeros((1, 2, 5, 5, 5), np.float32), kernel_shape=(2, 2, 2))
     assert not supports(np.zeros((1, 2, 5, 5), np.int32), kernel_shape=(2, 2))
     assert not supports(np.zeros((1, 2, 5, 5), np.float16), kernel_shape=(2, 2))
+
+
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=(2, 2), strides=(2, 2)),
+                                   dict(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+                                   dict(kernel_shape=(2, 2), strides=(1, 1), pads=(1, 1, 1, 1)),
+                                   dict(kernel_shape=(2, 2), strides=(3, 3), ceil_mode=1,
+                                        pads=(0, 0, 2, 2))],
+                         ids=["2x2s2", "3x3s2p1", "2x2s1p1", "ceil-pad"])
+def test_max_pool_grad_ties_and_special_values_follow_the_reference(attrs):
+    """Which element of a window takes the gradient: the first maximum on ties (inputs from
+    three values, so most windows tie), none for a window holding NaN, and a window whose
+    first tap is padding keeps it against a real -inf, exactly as the reference decides."""
+    kernel = registry.resolve(plugin.KERNELS["MaxPoolGrad"][0])
+    rng = np.random.default_rng(11)
+    x = rng.integers(0, 3, (2, 3, 8, 8)).astype(np.float32)
+    x[0, 0, 2, 3] = np.nan
+    x[0, 1, :2, :2] = -np.inf
+    x[1, 2] = -np.inf
+    x[1, 1, 5, :] = np.inf
+    dy = rng.standard_normal(OPS["MaxPool"].kernel(x, **attrs).shape).astype(np.float32)
+    want = OPS["MaxPoolGrad"].kernel(x, dy, **attrs)
+    got = kernel(x, dy, **attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert ((got != 0) == (want != 0)).all()  # the same element of every window
+
+
+def test_softmax_special_values_follow_the_reference():
+    """Rows holding NaN, +inf, all -inf, some -inf, and values far below the max (whose
+    exponentials underflow) give what the reference gives."""
+    x = np.random.default_rng(4).standard_normal((7, 9)).astype(np.float32)
+    x[0, 3] = np.nan
+    x[1, 2] = np.inf
+    x[2] = -np.inf
+    x[3, ::2] = -np.inf
+    x[4, 0] = 200.0
+    x[5] *= 1e4
+    for op in ("Softmax", "LogSoftmax"):
+        kernel = registry.resolve(plugin.KERNELS[op][0])
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            want = OPS[op].kernel(x)
+        got = kernel(x)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-30)

@@ -23,15 +23,17 @@ _parallel = False  # more than one thread: parallel variants are worth their sta
 PARALLEL_MIN_BYTES = 1 << 18
 
 
-def jit(parallel: bool = False):
+def jit(parallel: bool = False, fastmath=False):
     """``numba.njit`` with the on-disk cache (``NUMBA_CACHE_DIR``) and the GIL released. With
-    ``parallel``, a serial and a parallel (``prange``) variant, chosen per call by size."""
+    ``parallel``, a serial and a parallel (``prange``) variant, chosen per call by size.
+    ``fastmath`` (a set of LLVM flags, e.g. ``{"reassoc"}``) lets a float reduction run in
+    vector lanes; kernels pass only flags that keep NaN and infinity semantics."""
     def wrap(fn):
-        serial = numba.njit(cache=True, nogil=True, error_model="numpy")(fn)
+        opts = dict(cache=True, nogil=True, error_model="numpy", fastmath=fastmath)
+        serial = numba.njit(**opts)(fn)
         if not parallel:
             return serial
-        return _Dual(serial, numba.njit(cache=True, nogil=True, parallel=True,
-                                        error_model="numpy")(fn))
+        return _Dual(serial, numba.njit(parallel=True, **opts)(fn))
     return wrap
 
 

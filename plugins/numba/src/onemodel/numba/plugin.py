@@ -11,8 +11,9 @@ PRIORITY = 10
 _K = "onemodel.numba"
 
 # op -> (kernel, supports check). Only kernels that measured faster than the reference are
-# listed: numba softmax and global pooling were slower than numpy's SIMD exp and pairwise sums
-# on this machine, so those ops keep the reference kernels (see docs/benchmarks.md).
+# listed, and each supports check admits only the calls where they did: Softmax/LogSoftmax
+# are float32 over the last axis (float64 rows and other axes stay with the reference; see
+# docs/benchmarks.md).
 KERNELS: dict[str, tuple[str, str]] = {
     "Conv": (f"{_K}.conv:conv", f"{_K}.support:conv"),
     "FusedConv": (f"{_K}.conv:fused_conv", f"{_K}.support:conv"),
@@ -26,6 +27,11 @@ KERNELS: dict[str, tuple[str, str]] = {
     "Gelu": (f"{_K}.activation:gelu", f"{_K}.support:unary"),
     "MaxPool": (f"{_K}.pool:max_pool", f"{_K}.support:pool"),
     "AveragePool": (f"{_K}.pool:average_pool", f"{_K}.support:pool"),
+    "MaxPoolGrad": (f"{_K}.pool:max_pool_grad", f"{_K}.support:pool_grad"),
+    "AveragePoolGrad": (f"{_K}.pool:average_pool_grad", f"{_K}.support:pool_grad"),
+    "GlobalAveragePool": (f"{_K}.pool:global_average_pool", f"{_K}.support:global_pool"),
+    "Softmax": (f"{_K}.softmax:softmax", f"{_K}.support:softmax"),
+    "LogSoftmax": (f"{_K}.softmax:log_softmax", f"{_K}.support:softmax"),
     "FusedElementwise": (f"{_K}.fused:fused_elementwise", f"{_K}.support:same_float"),
 }
 

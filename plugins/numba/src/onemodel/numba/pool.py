@@ -220,3 +220,174 @@ def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
         _avg_pool(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl,
                   hy[0], hy[1], hy[2], taps[0], taps[1], hy[3], wq[3], X.dtype.type(0))
     return out
+
+
+# backward ----------------------------------------------------------------------------------
+
+@jit(parallel=True)
+def _max_pool_grad_2x2(x4, dy2, dx4, z):
+    """Gradient of a 2x2/stride-2 MaxPool whose windows tile the image, on (rows, 2, ow, 2)
+    views: every input element is written once (dy at the window's first maximum, 0
+    elsewhere; ``z``: a zero of dx's dtype), so dx needs no zeroing. Branch-free selects, so it
+    vectorizes. A window holding NaN passes no gradient, as in the reference."""
+    rows, _, ow, _ = x4.shape
+    for r in prange(rows):
+        xa = x4[r, 0]
+        xc = x4[r, 1]
+        g_row = dy2[r]
+        da = dx4[r, 0]
+        dc = dx4[r, 1]
+        for q in range(ow):
+            a = xa[q, 0]
+            b = xa[q, 1]
+            c = xc[q, 0]
+            d = xc[q, 1]
+            g = g_row[q]
+            # the first maximum in the order a, b, c, d: a tree of strict comparisons
+            right_top = b > a
+            right_bot = d > c
+            lower = (d if right_bot else c) > (b if right_top else a)
+            nan = (a != a) | (b != b) | (c != c) | (d != d)
+            up = not lower and not nan
+            low = lower and not nan
+            da[q, 0] = g if up and not right_top else z
+            da[q, 1] = g if up and right_top else z
+            dc[q, 0] = g if low and not right_bot else z
+            dc[q, 1] = g if low and right_bot else z
+
+
+@jit(parallel=True)
+def _max_pool_grad(x, dy, dx, h, w, oh, ow, dh, dw, h0, lo_h, hi_h, w0, lo_w, hi_w):
+    """dx[p, argmax of window (y, q)] += dy[p, y, q], the argmax recomputed per window in one
+    pass over its taps inside the image (row-major, the first maximum wins). As in the
+    reference, a window whose first tap is padding starts from that tap's -inf, and a window
+    holding NaN passes no gradient."""
+    planes = dy.shape[0] // (oh * ow)
+    for p in prange(planes):
+        src = p * h * w
+        base = p * oh * ow
+        for t in range(h * w):
+            dx[U(src + t)] = 0
+        for y in range(oh):
+            for q in range(ow):
+                started = lo_h[y] > 0 or lo_w[q] > 0  # tap (0, 0) is padding: best is -inf
+                best = -np.inf
+                idx = -1
+                nan = False
+                for i in range(lo_h[y], hi_h[y]):
+                    row = src + (h0[y] + i * dh) * w + w0[q]
+                    for j in range(lo_w[q], hi_w[q]):
+                        at = row + j * dw
+                        v = x[U(at)]
+                        if v != v:
+                            nan = True
+                        elif not started or v > best:
+                            best = v
+                            idx = at
+                            started = True
+                if idx >= 0 and not nan:
+                    dx[U(idx)] += dy[U(base + y * ow + q)]
+
+
+@jit(parallel=True)
+def _avg_pool_grad(dy, dx, h, w, oh, ow, dh, dw, sw, pl, h0, lo_h, hi_h, lo_q, hi_q, n_h, n_w,
+                   zero):
+    """The adjoint of :func:`_avg_pool`, separable the same way: per output row, its shares
+    dy / count scattered along one input-width row by the kw strided taps, then that row added
+    to each input row of the window."""
+    planes = dy.shape[0] // (oh * ow)
+    kw = lo_q.shape[0]
+    for p in prange(planes):
+        src = p * oh * ow
+        dst = p * h * w
+        share = np.empty(ow, dy.dtype)
+        col = np.empty(w, dy.dtype)
+        for t in range(h * w):
+            dx[U(dst + t)] = zero
+        for y in range(oh):
+            for q in range(ow):
+                share[U(q)] = dy[U(src + y * ow + q)] / (n_h[y] * n_w[q])
+            for c in range(w):
+                col[U(c)] = zero
+            for j in range(kw):
+                tap = j * dw - pl
+                for q in range(lo_q[j], hi_q[j]):
+                    col[U(tap + q * sw)] += share[U(q)]
+            for i in range(lo_h[y], hi_h[y]):
+                row = dst + (h0[y] + i * dh) * w
+                for c in range(w):
+                    dx[U(row + c)] += col[U(c)]
+
+
+def _grad_setup(X, dY, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode,
+                include_pad=0):
+    sync_threads()
+    X = np.ascontiguousarray(X)
+    dY = np.ascontiguousarray(dY)
+    plan = _plan(X.shape, X.dtype, _tuple(kernel_shape), _tuple(strides), _tuple(pads),
+                 _tuple(dilations), auto_pad, int(ceil_mode), int(include_pad))
+    return X, dY, np.empty(X.shape, dY.dtype), plan
+
+
+def max_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(),
+                  pads=None, storage_order=0, strides=None):
+    """Gradient of 2-D MaxPool (see the reference ``MaxPoolGrad``): the argmax recomputed per
+    window in one pass and dY scattered onto it, instead of a pass over the whole output per
+    kernel position."""
+    X, dY, dx, ((h, w, oh, ow), _row, d, hy, wq, _taps) = _grad_setup(
+        X, dY, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode)
+    if dx.size == 0:
+        return dx
+    if _tuple(kernel_shape) == (2, 2) and _tuple(strides) == (2, 2) and d == (1, 1) and \
+            h == 2 * oh and w == 2 * ow and hy[0][0] == 0 and wq[0][0] == 0:
+        rows = X.shape[0] * X.shape[1] * oh
+        _max_pool_grad_2x2(X.reshape(rows, 2, ow, 2), dY.reshape(rows, ow),
+                           dx.reshape(rows, 2, ow, 2), dY.dtype.type(0))
+    elif dY.size == 0:
+        dx[...] = 0
+    else:
+        _max_pool_grad(X.reshape(-1), dY.reshape(-1), dx.reshape(-1), h, w, oh, ow, d[0], d[1],
+                       hy[0], hy[1], hy[2], wq[0], wq[1], wq[2])
+    return dx
+
+
+def average_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0,
+                      dilations=None, kernel_shape=(), pads=None, strides=None):
+    """Gradient of 2-D AveragePool: each window's dY / count spread over what it averaged."""
+    X, dY, dx, ((h, w, oh, ow), (sw, pl), d, hy, wq, taps) = _grad_setup(
+        X, dY, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, count_include_pad)
+    if dx.size == 0:
+        return dx
+    if dY.size == 0:
+        dx[...] = 0
+        return dx
+    _avg_pool_grad(dY.reshape(-1), dx.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl, hy[0],
+                   hy[1], hy[2], taps[0], taps[1], hy[3], wq[3], dY.dtype.type(0))
+    return dx
+
+
+# global pooling ----------------------------------------------------------------------------
+
+@jit(parallel=True, fastmath={"reassoc"})
+def _global_avg(x, out):
+    """out[p] = mean of plane x[p], summed in float64: reassociation lets the sum run in
+    vector lanes (it only reorders additions; NaN and infinities propagate as in numpy)."""
+    planes, length = x.shape
+    for p in prange(planes):
+        row = x[p]
+        acc = 0.0
+        for q in range(length):
+            acc += row[q]
+        out[p] = acc / length
+
+
+def global_average_pool(X):
+    """GlobalAveragePool (N, C, spatial...) -> (N, C, 1, ...): one pass per plane."""
+    sync_threads()
+    X = np.ascontiguousarray(X)
+    n, c = X.shape[:2]
+    length = int(np.prod(X.shape[2:], dtype=np.int64))
+    out = np.empty((n, c) + (1,) * (X.ndim - 2), X.dtype)
+    if out.size:
+        _global_avg(X.reshape(n * c, length), out.reshape(n * c))
+    return out

@@ -66,3 +66,22 @@ def pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=No
          kernel_shape=(), pads=None, storage_order=0, strides=None):
     """2-D max and average pooling of float32/float64 (NCHW)."""
     return _nchw(X) and len(tuple(kernel_shape)) == 2
+
+
+def pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
+              kernel_shape=(), pads=None, storage_order=0, strides=None):
+    """Gradients of 2-D max and average pooling: dY of X's float dtype, NCHW."""
+    return _nchw(X) and dY.ndim == 4 and dY.dtype == X.dtype and len(tuple(kernel_shape)) == 2
+
+
+def global_pool(X):
+    """Global average pooling of float32/float64 with at least one spatial axis."""
+    return X.ndim >= 3 and X.dtype in _FLOATS
+
+
+def softmax(input, *, axis=-1):
+    """Softmax/LogSoftmax of float32 over the last axis (or one followed only by size-1
+    axes). float64 and other axes measured slower than the reference (docs/benchmarks.md)."""
+    if input.dtype != np.float32 or input.ndim == 0 or not -input.ndim <= axis < input.ndim:
+        return False
+    return all(d == 1 for d in input.shape[axis % input.ndim + 1:])

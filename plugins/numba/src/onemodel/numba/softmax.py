@@ -1,0 +1,166 @@
+"""Softmax and LogSoftmax (float32/float64) over one axis, one row at a time: the row's max,
+its exponentials and their sum, and the scaling in three passes over a row that stays in
+cache, with no temporaries (the reference makes five full-size passes and three arrays).
+
+numba has no vector ``exp`` (no SVML here), and a scalar libm call per element is slower than
+numpy's SIMD exp, so float32 rows use an exp written in plain arithmetic that vectorizes:
+Cody-Waite range reduction, Cephes' degree-7 polynomial (relative error about 2e-7 on the
+reduced range) and the power of two built from its exponent bits. Another axis than the last
+is moved last by one copy and back by another."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from numba import prange
+
+from ._jit import jit, sync_threads
+
+F = np.float32
+_LOG2E = F(1.44269504088896341)
+_LN2_HI = F(0.693359375)
+_LN2_LO = F(-2.12194440e-4)
+_LOWEST = F(-87.33654)  # log of the smallest normal float32: exp below it is taken as 0
+_HALF = F(0.5)
+_ONE = F(1.0)
+_ZERO = F(0.0)
+_P0 = F(1.9875691500e-4)
+_P1 = F(1.3981999507e-3)
+_P2 = F(8.3334519073e-3)
+_P3 = F(4.1665795894e-2)
+_P4 = F(1.6666665459e-1)
+_P5 = F(5.0000001201e-1)
+
+
+@jit(fastmath={"nnan", "nsz", "reassoc"})
+def _row_max(row):
+    """The row's maximum, NaN ignored (the callers count NaN on their own): with no NaN to
+    honour, the comparison reduces in vector lanes."""
+    m = row[0]
+    for q in range(row.shape[0]):
+        v = row[q]
+        m = v if v > m else m
+    return m
+
+
+@jit(fastmath={"reassoc"})
+def _scale_sum(dst, pw):
+    """dst *= pw, returning the sum in float64 (a long float32 sum's rounding would show);
+    reassociation lets the sum run in vector lanes."""
+    total = 0.0
+    for q in range(dst.shape[0]):
+        e = dst[q] * pw[q]
+        dst[q] = e
+        total += e
+    return total
+
+
+@jit(fastmath={"reassoc"})
+def _exp_sum(row, m, dst):
+    """dst = exp(row - m) by libm, returning its float64 sum (lanes by reassociation)."""
+    total = 0.0
+    for q in range(row.shape[0]):
+        e = math.exp(row[q] - m)
+        dst[q] = e
+        total += e
+    return total
+
+
+@jit(parallel=True)
+def _softmax_f32(x, out, log):
+    """out[r] = softmax(x[r]) (or log-softmax with ``log``) for float32 rows, in blocks of
+    rows that share one scratch row."""
+    rows, width = x.shape
+    block = 16
+    for b in prange((rows + block - 1) // block):
+        pw = np.empty(width, np.float32)  # 2**n per element, written as float32 bits
+        pw_bits = pw.view(np.int32)
+        for r in range(b * block, min(rows, (b + 1) * block)):
+            _softmax_row_f32(x[r], out[r], log, pw, pw_bits)
+
+
+@jit()
+def _softmax_row_f32(row, dst, log, pw, pw_bits):
+    width = row.shape[0]
+    m = _row_max(row)
+    bad = 0
+    for q in range(width):
+        v = row[q]
+        bad += v != v
+    if bad or not (abs(m) < np.inf):  # NaN or an infinite max: every entry is NaN
+        for q in range(width):
+            dst[q] = np.nan
+        return
+    for q in range(width):
+        v = row[q] - m
+        low = v < _LOWEST
+        v = _LOWEST if low else v
+        n = np.floor(v * _LOG2E + _HALF)
+        f = v - n * _LN2_HI - n * _LN2_LO
+        p = (((((_P0 * f + _P1) * f + _P2) * f + _P3) * f + _P4) * f + _P5) * f * f + f + _ONE
+        dst[q] = _ZERO if low else p
+        pw_bits[q] = (np.int32(n) + 127) << 23
+    total = _scale_sum(dst, pw)
+    if log:
+        logs = F(math.log(total))
+        for q in range(width):
+            dst[q] = (row[q] - m) - logs
+    else:
+        inv = F(1.0 / total)
+        for q in range(width):
+            dst[q] *= inv
+
+
+@jit(parallel=True)
+def _softmax_f64(x, out, log):
+    """The float64 rows: libm's exp per element, sums in float64."""
+    rows, width = x.shape
+    for r in prange(rows):
+        row = x[r]
+        dst = out[r]
+        m = _row_max(row)
+        bad = 0
+        for q in range(width):
+            v = row[q]
+            bad += v != v
+        if bad or not (abs(m) < np.inf):
+            for q in range(width):
+                dst[q] = np.nan
+            continue
+        total = _exp_sum(row, m, dst)
+        if log:
+            logs = math.log(total)
+            for q in range(width):
+                dst[q] = (row[q] - m) - logs
+        else:
+            inv = 1.0 / total
+            for q in range(width):
+                dst[q] *= inv
+
+
+def _run(X, axis, log):
+    sync_threads()
+    a = axis % X.ndim
+    last = a == X.ndim - 1
+    Xl = np.ascontiguousarray(X if last else np.moveaxis(X, a, -1))
+    out = np.empty(Xl.shape, X.dtype)
+    if out.size:
+        width = Xl.shape[-1]
+        x2 = Xl.reshape(-1, width)
+        if X.dtype == np.float32:
+            _softmax_f32(x2, out.reshape(-1, width), log)
+        else:
+            _softmax_f64(x2, out.reshape(-1, width), log)
+    return out if last else np.ascontiguousarray(np.moveaxis(out, -1, a))
+
+
+def softmax(input, *, axis=-1):
+    """ONNX Softmax (opset 13 semantics: over one axis) for float32/float64."""
+    return _run(input, axis, False)
+
+
+def log_softmax(input, *, axis=-1):
+    """ONNX LogSoftmax (opset 13 semantics: over one axis) for float32/float64."""
+    return _run(input, axis, True)
