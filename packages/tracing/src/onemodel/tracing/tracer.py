@@ -413,10 +413,16 @@ class Tracer:
                     "Gather", (shape, Tensor._wrap(np.asarray([axis], np.int64))), {"axis": 0})
             return self._dim_cache[sym]
         args = [self._dim_tensor(a) for a in d.args]
-        op = {"+": "Add", "*": "Mul", "//": "Div", "%": "Mod"}[d.kind]
         out = args[0]
         for a in args[1:]:
-            out = dispatch(op, (out, a), {})
+            if d.kind == "//":
+                # Python floors; ONNX's integer Div truncates toward zero (they differ on a
+                # negative numerator, as in the ceiling idiom -((-n) // k)): a - a mod b is a
+                # multiple of b, so its Div is exact (Mod takes the divisor's sign, as Python)
+                out = dispatch("Div", (dispatch("Sub", (out, dispatch("Mod", (out, a), {})),
+                                                {}), a), {})
+            else:
+                out = dispatch({"+": "Add", "*": "Mul", "%": "Mod"}[d.kind], (out, a), {})
         return out
 
     def _input_value(self, name: str) -> TracedTensor:

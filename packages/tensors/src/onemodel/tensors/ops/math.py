@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import symbolic as sym
 from ..dtype import FLOATING, INTEGER, NUMERIC, DType
 from ..errors import DTypeError, ShapeError
 from ._grad import call
 from .base import TensorSpec, broadcast_shapes, defop, same_dtype
+from .elementwise import _arithmetic
 
 
 def _float_unary(specs, **_):
@@ -140,7 +142,14 @@ def _binary_shape(specs, **_):
     return TensorSpec(broadcast_shapes(a.shape, b.shape), same_dtype(specs, NUMERIC))
 
 
-@defop("Mod", shape=_binary_shape)
+def _mod_value(in_specs, values, attrs):
+    """Python's % on symbolic sizes (``fmod=0``), so ``n - n % k`` stays a known value."""
+    if attrs.get("fmod", 0):
+        return None
+    return _arithmetic(sym.mod)(in_specs, values, attrs)
+
+
+@defop("Mod", shape=_binary_shape, symbolic_value=_mod_value)
 def mod(A, B, *, fmod=0):
     """``fmod=0``: the sign of the divisor (integers only, as Python's %); 1: C's fmod."""
     if fmod:
