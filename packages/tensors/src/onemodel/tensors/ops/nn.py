@@ -1182,3 +1182,24 @@ def max_pool_with_indices(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
     channel = np.arange(X.shape[0] * X.shape[1], dtype=np.int64).reshape(
         X.shape[:2] + (1,) * nd) * plane
     return best, np.where(where < 0, -1, where + channel)
+
+
+@onnx_adapter("GroupNormalization", before=21)
+def _group_norm_per_group_parameters(node: ImportNode) -> None:
+    """Opset 18: ``scale`` and ``bias`` held one value per group; opset 21 one per channel.
+    Each is repeated C / num_groups times (C read from X's shape at plan time)."""
+    node.need(3)
+    groups = node.attrs.get("num_groups")
+    if not groups:
+        raise node.error("GroupNormalization needs its num_groups attribute")
+    x = node.inputs[0]
+    (channels,) = node.emit("Shape", [x], {"start": 1, "end": 2})
+    (per_group,) = node.emit("Div", [channels, node.const([groups])])
+    (target,) = node.emit("Concat", [node.const([groups]), per_group], {"axis": 0})
+    repeated = []
+    for name in node.inputs[1:3]:
+        (column,) = node.emit("Unsqueeze", [name, node.const([1])])
+        (grid,) = node.emit("Expand", [column, target])
+        (flat,) = node.emit("Reshape", [grid, node.const([-1])])
+        repeated.append(flat)
+    node.inputs = [x, *repeated]
