@@ -50,22 +50,6 @@ EXPECTED_FAILURES = {
     "test_attention_3d_causal_bf16_expanded": "BF16 arithmetic",
     # Scan before opset 9 (a batch axis and sequence_lens inputs) is refused on import.
     "test_scan_sum": "Scan-8",
-    # Unsqueeze with 0-d axes (a Constant scalar) inside the expanded AffineGrid function.
-    "test_affine_grid_2d_expanded": "Unsqueeze 0-d axes",
-    "test_affine_grid_2d_align_corners_expanded": "Unsqueeze 0-d axes",
-    "test_affine_grid_3d_expanded": "Unsqueeze 0-d axes",
-    "test_affine_grid_3d_align_corners_expanded": "Unsqueeze 0-d axes",
-    # Subgraph attributes: the runtime runs If/Loop/Scan; the ONNX importer converts their
-    # GraphProto attributes next (issue 12, in progress).
-    "test_if": "importer: subgraphs",
-    "test_loop11": "importer: subgraphs",
-    "test_scan9_sum": "importer: subgraphs",
-    "test_scan9_multi_state": "importer: subgraphs",
-    "test_scan9_scalar": "importer: subgraphs",
-    "test_range_float_type_positive_delta_expanded": "importer: subgraphs",
-    "test_range_float16_type_positive_delta_expanded": "importer: subgraphs",
-    "test_range_bfloat16_type_positive_delta_expanded": "importer: subgraphs",
-    "test_range_int32_type_negative_delta_expanded": "importer: subgraphs",
 }
 
 CASES = node_cases()
@@ -74,13 +58,23 @@ CASES = node_cases()
 def _elem_types(model) -> set[int]:
     out = set()
     for v in list(model.graph.input) + list(model.graph.output):
-        if v.type.HasField("tensor_type"):
-            out.add(v.type.tensor_type.elem_type)
-        else:
-            out.add(-1)  # sequences, maps, optionals
+        out.add(_elem_type(v.type))
     for t in model.graph.initializer:
         out.add(t.data_type)
     return out
+
+
+def _elem_type(t) -> int:
+    """The element type of a tensor, of a sequence's or an optional's tensors; -1 for maps and
+    other types OneModel has no value for."""
+    kind = t.WhichOneof("value")
+    if kind == "tensor_type":
+        return t.tensor_type.elem_type
+    if kind == "sequence_type":
+        return _elem_type(t.sequence_type.elem_type)
+    if kind == "optional_type":
+        return _elem_type(t.optional_type.elem_type)
+    return -1
 
 
 def _run(model, inputs):

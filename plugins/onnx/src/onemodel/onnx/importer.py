@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from onemodel.runtime import Graph, Node, ValueInfo
-from onemodel.runtime.dims import parse_dim
 from onemodel.runtime.guards import METADATA_KEY, guards_from_list
-from onemodel.tensors import DimExpr, OneModelError
+from onemodel.tensors import OneModelError
 from onemodel.tensors.fileio import load_limit, read_json
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.adapters import ImportNode, adapters_for
 
+from . import subgraphs
 from .dtypes import from_onnx
 from .integrity import KEY, initializers_crc
 
@@ -178,23 +178,9 @@ def _verify_checksum(meta: dict, inits: dict) -> None:
 
 
 def _value_info(v, unknown) -> ValueInfo:
-    name = _text(v.name, "a graph input or output name")
-    t = v.type.tensor_type
-    dtype = from_onnx(t.elem_type, f"value {name!r}")
-    dims = []
-    for d in t.shape.dim:
-        if d.HasField("dim_value") and d.dim_value >= 0:
-            dims.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param:
-            text = _text(d.dim_param, f"a dimension name of {name!r}")
-            try:
-                dims.append(parse_dim(text))
-            except OneModelError:
-                dims.append(DimExpr.symbol(text.replace(" ", "_")))
-        else:  # no size, or a negative one (exporters write -1 for "unknown")
-            unknown[0] += 1
-            dims.append(DimExpr.symbol(f"unk__{unknown[0]}"))
-    return ValueInfo(name, dtype, tuple(dims))
+    """A graph input or output: a tensor (``dim_param`` axes become symbols, axes without a
+    size fresh ``unk__N`` symbols), a sequence of tensors, or an optional tensor or sequence."""
+    return subgraphs.value_info(v, unknown, _text)
 
 
 def _attrs(node, label: str) -> dict:
@@ -229,7 +215,7 @@ def _const(graph: Graph, fresh, values, dtype=np.int64) -> str:
     return name
 
 
-def _convert(node, opset: int, graph: Graph, fresh) -> None:
+def _convert(node, opset: int, graph: Graph, fresh, depth: int = 0) -> None:
     op = _text(node.op_type, "an op type")
     domain = _text(node.domain, f"the domain of a {op} node") or "ai.onnx"
     # a node without a name gets the generated one it will carry in the graph (Range__17), so
@@ -243,6 +229,9 @@ def _convert(node, opset: int, graph: Graph, fresh) -> None:
         raise UnsupportedOpError(f"{label}: domain {domain!r} is not supported")
     attrs = _attrs(node, label)
     try:
+        # subgraphs (If, Loop, Scan, SequenceMap) converted, their outer-scope reads made inputs
+        inputs, attrs = subgraphs.convert_attrs(op, label, inputs, attrs, opset, fresh, _convert,
+                                                _to_array, depth)
         _convert_node(node, op, name, label, inputs, outputs, attrs, opset, graph, fresh)
     except OneModelError:
         raise

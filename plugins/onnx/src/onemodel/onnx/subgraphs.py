@@ -29,16 +29,21 @@ class SubgraphError(OneModelError):
     """A subgraph attribute cannot be converted; the message names the node."""
 
 
-def value_info(v, unknown: list, text: Callable = lambda x, what: x) -> ValueInfo:
+def value_info(v, unknown: list, text: Callable = lambda x, what: x, *,
+               subgraph: bool = False) -> ValueInfo:
     """A graph input or output of any ONNX type: tensor, sequence of tensors, optional tensor or
-    sequence. A value with no type (allowed for subgraph inputs) is a tensor of unknown shape
-    placeholder: its subgraph learns the real one from the values it is given."""
+    sequence. In a subgraph a value may lack its type: it is declared as a 0-d F32 tensor, a
+    placeholder only, since a subgraph is planned from the values it is given."""
     name = text(v.name, "a graph input or output name")
     t = v.type
     which = t.WhichOneof("value")
-    if which is None:
+    if which is None and subgraph:
         return ValueInfo(name, DType.F32, ())
+    if which is None:
+        which = "tensor_type"  # no type at all: the element type check below names it
     if which == "tensor_type":
+        if subgraph and not t.tensor_type.elem_type:  # typeless: a placeholder, as above
+            return ValueInfo(name, DType.F32, ())
         dtype, dims = _tensor(t.tensor_type, name, unknown, text)
         return ValueInfo(name, dtype, dims)
     if which == "sequence_type":
@@ -61,7 +66,7 @@ def value_info(v, unknown: list, text: Callable = lambda x, what: x) -> ValueInf
 
 def _elem(elem, name, unknown, text):
     kind = elem.WhichOneof("value")
-    if kind is None:
+    if kind is None:  # a sequence whose element type is left open (subgraph values)
         return DType.F32, ()
     if kind != "tensor_type":
         raise SubgraphError(f"value {name!r} is a sequence of {kind}, which OneModel does "
@@ -70,7 +75,7 @@ def _elem(elem, name, unknown, text):
 
 
 def _tensor(t, name, unknown, text):
-    dtype = from_onnx(t.elem_type, f"value {name!r}") if t.elem_type else DType.F32
+    dtype = from_onnx(t.elem_type, f"value {name!r}")
     dims = []
     if t.HasField("shape"):
         for d in t.shape.dim:
@@ -149,9 +154,15 @@ def convert_graph(proto, opset: int, fresh, convert_node: Callable, to_array: Ca
                   label: str, depth: int = 1) -> tuple[Graph, list[str]]:
     """A GraphProto as a runtime Graph, and the names it reads from enclosing graphs (in order
     of first use), which are appended to its inputs."""
+    from onemodel.tensors.fileio import load_limit
+
+    limit = load_limit("NODES")
+    if len(proto.node) > limit:
+        raise SubgraphError(f"{label}: the subgraph has {len(proto.node)} nodes, more than the "
+                            f"limit of {limit}; raise ONEMODEL_MAX_NODES if this model is genuine")
     unknown = [0]
-    g = Graph([value_info(v, unknown) for v in proto.input],
-              [value_info(v, unknown) for v in proto.output], [], {}, {},
+    g = Graph([value_info(v, unknown, subgraph=True) for v in proto.input],
+              [value_info(v, unknown, subgraph=True) for v in proto.output], [], {}, {},
               proto.name or fresh("subgraph"))
     for t in proto.initializer:
         g.initializers[t.name] = to_array(t, f"{label}: initializer {t.name!r}")

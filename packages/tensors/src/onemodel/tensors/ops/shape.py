@@ -159,6 +159,7 @@ def _unsqueeze_shape(specs):
 @defop("Unsqueeze", symbolic_value=first_value, shape=_unsqueeze_shape, static=("axes",),
        grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
 def unsqueeze(data, axes):
+    axes = np.asarray(axes).reshape(-1)  # a 0-d axes tensor (ONNX files have them) is one axis
     nd = data.ndim + len(axes)
     return np.expand_dims(data, tuple(sorted(int(a) % nd for a in axes)))
 
