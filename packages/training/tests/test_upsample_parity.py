@@ -10,6 +10,7 @@ import pytest
 
 from onemodel import training as T
 from onemodel.tensors import Tensor, concat
+from onemodel.tensors import functional as F
 from onemodel.training import losses
 
 torch = pytest.importorskip("torch")
@@ -239,3 +240,65 @@ def test_legacy_upsample_and_resize_forms_import_and_agree_with_onnxruntime(op, 
     got = Session.load(path).run({"x": x})["y"].numpy()
     (want,) = _ort(path, {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# a spatial transformer: AffineGrid and GridSample, trained and traced ----------------------------
+
+IDENTITY = np.array([[1, 0, 0], [0, 1, 0]], np.float32)
+
+
+class STN(T.Module):
+    def __init__(self):
+        super().__init__()
+        self.loc = T.Linear(2 * 6 * 8, 6)
+
+    def forward(self, x):
+        theta = self.loc(x.flatten(1)).reshape(-1, 2, 3) * 0.1 + Tensor.from_numpy(IDENTITY)
+        grid = F.affine_grid(theta, (x.shape[0], 2, 5, 7), align_corners=False)
+        return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+class TorchSTN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.loc = nn.Linear(2 * 6 * 8, 6)
+
+    def forward(self, x):
+        theta = self.loc(x.flatten(1)).reshape(-1, 2, 3) * 0.1 + torch.from_numpy(IDENTITY)
+        grid = TF.affine_grid(theta, [x.shape[0], 2, 5, 7], align_corners=False)
+        return TF.grid_sample(x, grid, mode="bilinear", padding_mode="border",
+                              align_corners=False)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_spatial_transformer_trains_like_torch_and_exports(tmp_path):
+    pytest.importorskip("onemodel.onnx")
+    torch.manual_seed(2)
+    theirs, ours = TorchSTN(), STN()
+    ours.load_state_dict({k: v.detach().numpy().copy() for k, v in theirs.state_dict().items()})
+    o_opt, t_opt = T.SGD(ours.parameters(), 0.5), torch.optim.SGD(theirs.parameters(), 0.5)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 2, 6, 8)).astype(np.float32)
+    target = rng.standard_normal((4, 2, 5, 7)).astype(np.float32)
+    for _ in range(4):
+        o_opt.zero_grad()
+        lo = losses.mse(ours(Tensor.from_numpy(x)), Tensor.from_numpy(target))
+        lo.backward()
+        o_opt.step()
+        t_opt.zero_grad()
+        lt = TF.mse_loss(theirs(torch.from_numpy(x)), torch.from_numpy(target))
+        lt.backward()
+        t_opt.step()
+        assert lo.item() == pytest.approx(lt.item(), rel=1e-4)
+    np.testing.assert_allclose(ours.loc.weight.numpy(), theirs.loc.weight.detach().numpy(),
+                               rtol=1e-3, atol=1e-5)
+    ours.eval()
+    traced = ours.trace(Tensor.randn(5, 2, 6, 8), "batch", None, None, None)
+    path = tmp_path / "stn.onnx"
+    traced.save_onnx(path)
+    for batch in (1, 4):
+        xb = rng.standard_normal((batch, 2, 6, 8)).astype(np.float32)
+        want = ours(Tensor.from_numpy(xb)).numpy()
+        np.testing.assert_allclose(traced.session().run({"input": xb})["output"].numpy(), want,
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(_ort(path, {"input": xb})[0], want, rtol=1e-4, atol=1e-5)

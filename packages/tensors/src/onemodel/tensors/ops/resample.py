@@ -651,7 +651,7 @@ def _grid_sample_grad(ctx, g):
     return (gx if x.requires_grad else None), (ggrid if grid.requires_grad else None)
 
 
-@defop("GridSample", shape=_grid_sample_shape, grad=_grid_sample_grad)
+@defop("GridSample", shape=_grid_sample_shape, grad=_grid_sample_grad, onnx_opset=20)
 def grid_sample(X, grid, *, align_corners=0, mode="linear", padding_mode="zeros"):
     """ONNX GridSample (opset 20): sample X at the grid's normalized coordinates (x, y[, z]
     in [-1, 1]) with nearest, linear or cubic interpolation and zeros, border or reflection
@@ -758,7 +758,8 @@ def _wrap(arr):
     return _tensor()._wrap(arr)
 
 
-@defop("AffineGrid", shape=_affine_grid_shape, grad=_affine_grid_grad, static=("size",))
+@defop("AffineGrid", shape=_affine_grid_shape, grad=_affine_grid_grad, static=("size",),
+       onnx_opset=20)
 def affine_grid(theta, size, *, align_corners=0):
     """ONNX AffineGrid (opset 20): the sampling grid (N, *spatial, nd) that the affine
     matrices theta (N, nd, nd + 1) make of a normalized base grid."""
@@ -795,7 +796,7 @@ def _ccp_grad(ctx, g):
     return call("CenterCropPad", g, _wrap(back), axes=tuple(ax)), None
 
 
-@defop("CenterCropPad", shape=_ccp_shape, grad=_ccp_grad, static=("shape",))
+@defop("CenterCropPad", shape=_ccp_shape, grad=_ccp_grad, static=("shape",), onnx_opset=18)
 def center_crop_pad(input_data, shape, *, axes=None):
     """ONNX CenterCropPad (opset 18): crop or zero-pad each listed axis to its new size around
     the centre (an odd difference puts the extra element at the end)."""
@@ -857,7 +858,7 @@ def _col2im_shape(specs, *, dilations=None, pads=None, strides=None):
     return TensorSpec((x.shape[0], floordiv(x.shape[1], k), *im), x.dtype)
 
 
-@defop("Col2Im", shape=_col2im_shape, static=("image_shape", "block_shape"))
+@defop("Col2Im", shape=_col2im_shape, static=("image_shape", "block_shape"), onnx_opset=18)
 def col2im(input, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
     """ONNX Col2Im (opset 18): add sliding blocks (N, C * prod(block), L) back into images
     (N, C, *image_shape), the inverse layout of an unfold (overlaps sum)."""
