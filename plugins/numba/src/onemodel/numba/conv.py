@@ -93,9 +93,25 @@ def _col2im(dcols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, dx):
                         plane[U(iy), U(q * sw + off)] += row[U(base + q)]
 
 
+@jit()
+def _activate(v, act):
+    """act: 0 none, 1 Relu, 2 Sigmoid (the stable form), 3 Tanh."""
+    if act == 1:
+        return v if v > 0 else 0
+    if act == 2:
+        if v >= 0:
+            return 1 / (1 + np.exp(-v))
+        e = np.exp(v)
+        return e / (1 + e)
+    if act == 3:
+        return np.tanh(v)
+    return v
+
+
 @jit(parallel=True)
-def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, out):
-    """out[n, m] = sum_ij x[n, m // mult, ...] * wt[m, 0, i, j]: one input channel per group.
+def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
+    """out[n, m] = act(sum_ij x[n, m // mult, ...] * wt[m, 0, i, j] + bias[m]): one input
+    channel per group, the bias and activation applied as each output row is stored.
 
     Each channel is copied into a zero-padded buffer (one per block of channels, its border
     zeroed once). At stride 1 every tap is then one long contiguous multiply-add over the whole
@@ -116,6 +132,7 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, out):
         for t in range(b * block, min(total, (b + 1) * block)):
             n = t // m_out
             m = t % m_out
+            b = bias[m] if has_bias else 0
             buf[ph:ph + h, pw:pw + w] = x[n, m // mult]
             dst = out[n, m]
             if sh == 1 and sw == 1:
@@ -128,7 +145,14 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, out):
                         for q in range(plane):
                             acc[q] += wv * tap[q]
                 for y in range(oh):
-                    dst[y, :] = acc[y * wp:y * wp + ow]
+                    drow = dst[y]
+                    src = acc[y * wp:y * wp + ow]
+                    if act == 0:
+                        for xo in range(ow):
+                            drow[xo] = src[xo] + b
+                    else:
+                        for xo in range(ow):
+                            drow[xo] = _activate(src[xo] + b, act)
                 continue
             for y in range(oh):
                 drow = dst[y]
@@ -140,6 +164,8 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, out):
                         off = j * dw
                         for xo in range(ow):
                             drow[xo] += wv * brow[xo * sw + off]
+                for xo in range(ow):
+                    drow[xo] = _activate(drow[xo] + b, act)
 
 
 @jit(parallel=True)
@@ -190,8 +216,12 @@ def _conv(X, W, B, activation, auto_pad, dilations, group, kernel_shape, pads, s
     length = oh * ow
     y = np.empty((n, m, oh, ow), X.dtype)
     cg = c // group
-    if group > 1 and cg == 1:
-        _depthwise(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], y)
+    act = ACT_CODES[activation]
+    bias = np.ascontiguousarray(B, dtype=X.dtype) if B is not None else _NO_BIAS[X.dtype]
+    if group > 1 and cg == 1:  # bias and activation applied in the same pass
+        _depthwise(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, B is not None,
+                   act, y)
+        return y
     else:
         mg = m // group
         w3 = W.reshape(group, mg, -1)
@@ -211,9 +241,7 @@ def _conv(X, W, B, activation, auto_pad, dilations, group, kernel_shape, pads, s
                         d[1], oh, ow, part)
                 np.matmul(w3, part.reshape(m_img, group, cg * k[0] * k[1], length),
                           out=y3[start:start + m_img])
-    act = ACT_CODES[activation]
     if B is not None or act:
-        bias = np.ascontiguousarray(B, dtype=X.dtype) if B is not None else _NO_BIAS[X.dtype]
         _epilogue(y.reshape(n, m, length), bias, B is not None, act)
     return y
 
