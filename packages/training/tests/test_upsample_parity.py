@@ -143,6 +143,25 @@ def test_traced_unet_runs_at_other_sizes_in_the_session_and_onnxruntime(mode, al
         np.testing.assert_allclose(onnx_out, want, rtol=1e-4, atol=1e-5, err_msg=str(shape))
 
 
+def test_interpolate_to_a_size_computed_from_symbolic_axes_stays_symbolic():
+    from onemodel.tracing import Tracer
+
+    def f(x):
+        return F.interpolate(x, size=(x.shape[2] * 2 + 1, x.shape[3]), mode="bicubic",
+                             align_corners=True)
+
+    traced = Tracer(f).trace({"x": Tensor.randn(2, 3, 5, 7)},
+                             axes={"x": ("batch", None, "h", "w")})
+    assert str(traced.graph.outputs[0]).endswith("F32[batch, 3, (2 * h) + 1, w]")
+    rng = np.random.default_rng(9)
+    for shape in ((1, 3, 4, 9), (3, 3, 6, 2)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        want = TF.interpolate(torch.from_numpy(x), size=(shape[2] * 2 + 1, shape[3]),
+                              mode="bicubic", align_corners=True).numpy()
+        np.testing.assert_allclose(traced.session().run({"x": x})["output"].numpy(), want,
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_tracing_a_non_integral_scale_factor_is_refused_with_the_way_out():
     from onemodel.tracing import TraceError
 
