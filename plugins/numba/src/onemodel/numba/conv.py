@@ -116,27 +116,61 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
     Each channel is copied into a zero-padded buffer (one per block of channels, its border
     zeroed once). At stride 1 every tap is then one long contiguous multiply-add over the whole
     padded-width plane (the columns past the output's width are computed and dropped), which
-    vectorizes where short per-row loops would not."""
+    vectorizes where short per-row loops would not. At other strides the buffer is first split
+    into its sh*sw phases (rows y*sh + r, columns x*sw + c), in which every tap is again one
+    contiguous multiply-add at a fixed offset."""
     n_img, m_out, oh, ow = out.shape
     h, w = x.shape[2], x.shape[3]
     kh, kw = wt.shape[2], wt.shape[3]
     hp = max((oh - 1) * sh + (kh - 1) * dh + 1, ph + h) + 1  # one spare row for the overrun
     wp = max((ow - 1) * sw + (kw - 1) * dw + 1, pw + w)
+    strided = sh != 1 or sw != 1
+    # the phases: (sh*sw, hq, wq), one spare row for the overrun as above
+    hq = oh + ((kh - 1) * dh) // sh + 1
+    wq = ow + ((kw - 1) * dw) // sw
+    if strided:
+        width = wq
+        plane = oh * wq
+    else:
+        width = wp
+        plane = oh * wp
     total = n_img * m_out
     block = 16
-    plane = oh * wp
-    for b in prange((total + block - 1) // block):
+    for blk in prange((total + block - 1) // block):
         buf = np.zeros((hp, wp), x.dtype)
         flat = buf.reshape(hp * wp)
+        phases = np.zeros((sh * sw, hq, wq) if strided else (1, 1, 1), x.dtype)
         acc = np.empty(plane, x.dtype)
-        for t in range(b * block, min(total, (b + 1) * block)):
+        for t in range(blk * block, min(total, (blk + 1) * block)):
             n = t // m_out
             m = t % m_out
-            b = bias[m] if has_bias else 0
+            bv = bias[m] if has_bias else 0
             buf[ph:ph + h, pw:pw + w] = x[n, m // mult]
             dst = out[n, m]
-            if sh == 1 and sw == 1:
-                acc[:] = 0
+            acc[:] = 0
+            if strided:
+                for r in range(sh):
+                    for c in range(sw):
+                        ph_plane = phases[r * sw + c]
+                        for yy in range(hq):
+                            sy = yy * sh + r
+                            if sy >= hp:
+                                break
+                            brow = buf[sy]
+                            prow = ph_plane[yy]
+                            for xx in range(wq):
+                                sx = xx * sw + c
+                                if sx < wp:
+                                    prow[xx] = brow[sx]
+                for i in range(kh):
+                    for j in range(kw):
+                        wv = wt[m, 0, i, j]
+                        pflat = phases[((i * dh) % sh) * sw + (j * dw) % sw].reshape(hq * wq)
+                        start = ((i * dh) // sh) * wq + (j * dw) // sw
+                        tap = pflat[start:start + plane]
+                        for q in range(plane):
+                            acc[q] += wv * tap[q]
+            else:
                 for i in range(kh):
                     for j in range(kw):
                         wv = wt[m, 0, i, j]
@@ -144,28 +178,15 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
                         tap = flat[start:start + plane]  # a view: q >= 0, so no index wrap
                         for q in range(plane):
                             acc[q] += wv * tap[q]
-                for y in range(oh):
-                    drow = dst[y]
-                    src = acc[y * wp:y * wp + ow]
-                    if act == 0:
-                        for xo in range(ow):
-                            drow[xo] = src[xo] + b
-                    else:
-                        for xo in range(ow):
-                            drow[xo] = _activate(src[xo] + b, act)
-                continue
             for y in range(oh):
                 drow = dst[y]
-                drow[:] = 0
-                for i in range(kh):
-                    brow = buf[y * sh + i * dh]
-                    for j in range(kw):
-                        wv = wt[m, 0, i, j]
-                        off = j * dw
-                        for xo in range(ow):
-                            drow[xo] += wv * brow[xo * sw + off]
-                for xo in range(ow):
-                    drow[xo] = _activate(drow[xo] + b, act)
+                src = acc[y * width:y * width + ow]
+                if act == 0:
+                    for xo in range(ow):
+                        drow[xo] = src[xo] + bv
+                else:
+                    for xo in range(ow):
+                        drow[xo] = _activate(src[xo] + bv, act)
 
 
 @jit(parallel=True)
