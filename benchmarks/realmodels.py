@@ -15,7 +15,9 @@ Exported files come from the suite's cache (exported on first use, which takes a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import statistics
 import sys
 import time
@@ -40,6 +42,22 @@ def paired(ours: Callable[[], object], theirs: Callable[[], object], runs: int
     ratios = [o / t for o, t in zip(o_times, t_times)]
     return (statistics.median(o_times) * 1e3, statistics.median(t_times) * 1e3,
             statistics.median(ratios))
+
+
+@contextlib.contextmanager
+def quiet_stdout():
+    """Standard output (the file descriptor, which C++ code writes to) sent to /dev/null."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def first_line(exc: BaseException) -> str:
@@ -106,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         spec, exported = models[name]
         try:
-            path = exported(name, args.exporter)
+            # the TorchScript exporter prints its whole graph when it fails: keep the table readable
+            with quiet_stdout():
+                path = exported(name, args.exporter)
         except Exception as exc:
             failed.append((name, f"export: {first_line(exc)}"))
             print(f"{name:28s} not run: export failed", flush=True)
