@@ -11,8 +11,10 @@ onnxscript versions and of this file, so a later run reuses them and any change 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -225,10 +227,40 @@ def _specs() -> dict[str, Spec]:
 _SPECS: dict[str, Spec] | None = None
 
 
+@contextlib.contextmanager
+def _without_torchvision():
+    """transformers and torch.onnx import torchvision when it is installed, and a torchvision
+    built for another torch fails on import. These models need none of it: unless a working
+    torchvision is already loaded, it is hidden while they are built and exported."""
+    if "torchvision" in sys.modules:
+        yield
+        return
+    sys.modules["torchvision"] = None  # find_spec and import then see no torchvision
+    try:
+        yield
+    finally:
+        if "torchvision" in sys.modules and sys.modules["torchvision"] is None:
+            del sys.modules["torchvision"]
+
+
+def import_transformers():
+    """``transformers``, imported so that a torchvision that cannot load stays out of its way:
+    while hidden, transformers records once (its checks are cached) that there is none.
+    Call it before anything else imports transformers."""
+    with _without_torchvision():
+        import transformers
+        from transformers.utils import import_utils
+
+        import_utils.is_torchvision_available()
+    return transformers
+
+
 def specs() -> dict[str, Spec]:
     global _SPECS
     if _SPECS is None:
-        _SPECS = _specs()
+        import_transformers()
+        with _without_torchvision():
+            _SPECS = _specs()
     return _SPECS
 
 
@@ -253,7 +285,8 @@ def exported(name: str, exporter: str) -> Path:
     never read half a file."""
     path = cache_dir() / f"{name}.{exporter}.onnx"
     if not path.exists():
-        _export(specs()[name], exporter, path)
+        with _without_torchvision():
+            _export(specs()[name], exporter, path)
     return path
 
 

@@ -8,15 +8,17 @@ Exported files are cached between runs (see builders.py)."""
 
 from __future__ import annotations
 
+import builders
 import numpy as np
 import pytest
 
-pytest.importorskip("transformers")
+try:
+    builders.import_transformers()
+except ImportError:
+    pytest.skip("transformers is not installed (scripts/dev.py installs it)", allow_module_level=True)
 pytest.importorskip("onnxscript")
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
-
-import builders  # noqa: E402
 
 from onemodel.onnx.importer import from_model  # noqa: E402
 from onemodel.runtime import Session  # noqa: E402
