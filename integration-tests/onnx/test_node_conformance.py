@@ -37,11 +37,9 @@ EXPECTED_FAILURES = {
     # outputs): inference graphs only; training uses onemodel.training.
     "test_batchnorm_example_training_mode": "training-mode BatchNormalization",
     "test_batchnorm_epsilon_training_mode": "training-mode BatchNormalization",
-    # BF16 arithmetic (computed in float32, rounded per op) is not in the op set yet: these
-    # ops refuse or fail on BF16 with an error naming the op and dtype.
-    "test_einsum_batch_matmul_bfloat16": "BF16 arithmetic",
-    "test_einsum_sum_bfloat16": "BF16 arithmetic",
-    "test_celu_bfloat16": "BF16 arithmetic",
+    # BF16 arithmetic: Einsum and Celu compute BF16 in float32; the elementwise ops these
+    # expansions use (Div, Mul, Elu, MatMul, Softmax...) refuse BF16 with a DTypeError naming
+    # the op and dtype.
     "test_celu_bfloat16_expanded": "BF16 arithmetic",
     "test_attention_4d_causal_bf16_expanded": "BF16 arithmetic",
     "test_attention_4d_padded_kv_bf16_expanded": "BF16 arithmetic",

@@ -103,7 +103,13 @@ def trilu(input, k=None, *, upper=1):
     return np.triu(input, kk) if upper else np.tril(input, kk)
 
 
-@defop("CumSum", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype))
+def _cum_sum_shape(specs, **_):
+    from ..dtype import NUMERIC
+
+    return TensorSpec(specs[0].shape, same_dtype(specs[:1], NUMERIC))
+
+
+@defop("CumSum", shape=_cum_sum_shape)
 def cum_sum(x, axis, *, exclusive=0, reverse=0):
     a = int(np.asarray(axis).reshape(-1)[0]) % x.ndim
     y = np.flip(x, a) if reverse else x
@@ -227,7 +233,9 @@ def space_to_depth(input, *, blocksize=1, mode="DCR"):
 
 
 def _einsum_shape(specs, *, equation=""):
-    dt = same_dtype(specs)
+    from ..dtype import NUMERIC
+
+    dt = same_dtype(specs, NUMERIC | {DType.BF16, DType.BOOL})
     arrays = [np.empty(tuple(d if isinstance(d, int) else 2 for d in s.shape), np.int8)
               for s in specs]
     if any(not all(isinstance(d, int) for d in s.shape) for s in specs):
@@ -237,7 +245,12 @@ def _einsum_shape(specs, *, equation=""):
 
 @defop("Einsum", shape=_einsum_shape)
 def einsum(*Inputs, equation=""):
-    return np.asarray(np.einsum(equation, *Inputs)).astype(Inputs[0].dtype, copy=False)
+    """BF16 operands are summed in float32 and the result rounded once (as PyTorch and the
+    ONNX reference do)."""
+    dt = Inputs[0].dtype
+    if dt == DType.BF16.numpy:
+        Inputs = tuple(x.astype(np.float32) for x in Inputs)
+    return np.asarray(np.einsum(equation, *Inputs)).astype(dt, copy=False)
 
 
 # Scatter (deprecated) ------------------------------------------------------------------------

@@ -53,8 +53,15 @@ def elu(X, *, alpha=1.0):
     return np.where(X > 0, X, X.dtype.type(alpha) * np.expm1(np.minimum(X, 0)))
 
 
-@defop("Celu", shape=_act_shape)
+def _celu_shape(specs, **_):
+    return TensorSpec(specs[0].shape, same_dtype(specs[:1], FLOATING | {DType.BF16}))
+
+
+@defop("Celu", shape=_celu_shape)
 def celu(X, *, alpha=1.0):
+    """BF16 is computed in float32 and rounded once."""
+    if X.dtype == DType.BF16.numpy:
+        return celu.kernel(X.astype(np.float32), alpha=alpha).astype(X.dtype)
     a = X.dtype.type(alpha)
     return (np.maximum(X, 0) + np.minimum(0, a * np.expm1(np.minimum(X, 0) / a))).astype(X.dtype)
 
