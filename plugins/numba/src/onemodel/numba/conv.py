@@ -128,12 +128,8 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
     # the phases: (sh*sw, hq, wq), one spare row for the overrun as above
     hq = oh + ((kh - 1) * dh) // sh + 1
     wq = ow + ((kw - 1) * dw) // sw
-    if strided:
-        width = wq
-        plane = oh * wq
-    else:
-        width = wp
-        plane = oh * wp
+    width = wq if strided else wp  # of a row of the accumulator
+    plane = oh * width
     total = n_img * m_out
     block = 16
     for blk in prange((total + block - 1) // block):
