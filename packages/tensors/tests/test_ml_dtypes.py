@@ -337,3 +337,32 @@ def test_quantize_refusals_name_the_op_and_dtype():
     with pytest.raises(DTypeError, match="BitCast.*bit widths"):
         _run_op("BitCast", [x], to=DType.I16)
     assert _run_op("BitCast", [np.float32([1.0])], to=DType.I32).tolist() == [0x3F800000]
+
+
+def test_bf16_einsum_and_celu_like_torch():
+    """Computed in float32 and rounded once, as PyTorch's CPU kernels do."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((2, 3, 16)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((2, 16, 4)).astype(ml_dtypes.bfloat16)
+    ours = _run_op("Einsum", [a, b], equation="bij,bjk->bik")
+    ta, tb = (torch.from_numpy(x.view(np.int16)).view(torch.bfloat16) for x in (a, b))
+    ref = torch.einsum("bij,bjk->bik", ta, tb).float().numpy()
+    assert ours.dtype == ml_dtypes.bfloat16
+    np.testing.assert_allclose(ours.astype(np.float32), ref, rtol=2 ** -7, atol=1e-2)
+    x = (rng.standard_normal(200) * 3).astype(ml_dtypes.bfloat16)
+    ours = _run_op("Celu", [x], alpha=1.5)
+    tx = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    ref = torch.nn.functional.celu(tx, alpha=1.5).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(_bits(ours), ref)
+
+
+@pytest.mark.parametrize("op,attrs", [("ReduceSum", {}), ("CumSum", None), ("Softmax", {}),
+                                      ("Exp", {}), ("Relu", {})])
+@pytest.mark.parametrize("dt", [DType.BF16, DType.F8E4M3FN, DType.I4])
+def test_ops_without_low_precision_kernels_refuse_them(op, attrs, dt):
+    """No silent arithmetic in a type too narrow to accumulate in: a DTypeError naming both."""
+    x = np.arange(6).reshape(2, 3).astype(np.float32).astype(dt.numpy)
+    args = [x, np.int64(0)] if attrs is None else [x]
+    with pytest.raises(DTypeError, match=f"{op}.*{dt.name}"):
+        _run_op(op, args, **(attrs or {}))
