@@ -49,7 +49,8 @@ def to_model(graph: Graph, opset: int | None = None):
     nodes = [helper.make_node(n.op, list(n.inputs), list(n.outputs), name=n.name or None,
                               **{k: _attr(v) for k, v in n.attrs.items() if v is not None})
              for n in graph.nodes]
-    inits = [numpy_helper.from_array(np.ascontiguousarray(a), name)
+    # ascontiguousarray turns a 0-d array into 1-d: each initializer keeps its shape
+    inits = [numpy_helper.from_array(np.ascontiguousarray(a).reshape(a.shape), name)
              for name, a in graph.initializers.items()]
     g = helper.make_graph(nodes, graph.name or "graph",
                           [_value_info(v.name, v.dtype, v.shape) for v in graph.inputs],

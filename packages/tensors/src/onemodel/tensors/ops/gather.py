@@ -11,6 +11,7 @@ from ..dtype import DType
 from ..errors import ShapeError
 from ..symbolic import DimExpr, add, floordiv, mul
 from ._grad import _tensor, call
+from .adapters import ImportNode, onnx_adapter
 from .base import TensorSpec, const_ints, defop, norm_axis, same_dtype
 
 
@@ -255,10 +256,8 @@ def einsum(*Inputs, equation=""):
 
 # Scatter (deprecated) ------------------------------------------------------------------------
 
-@defop("Scatter", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype))
-def scatter(data, indices, updates, *, axis=0):
-    """ONNX Scatter (opsets 9-10, deprecated): ScatterElements without a reduction."""
-    if indices.shape != updates.shape:
-        raise ShapeError(f"Scatter indices {list(indices.shape)} and updates "
-                         f"{list(updates.shape)} must have one shape")
-    return scatter_elements.kernel(data, indices, updates, axis=axis)
+@onnx_adapter("Scatter")
+def _scatter_is_scatter_elements(node: ImportNode) -> None:
+    """ONNX Scatter (opsets 9-10, deprecated since 11) is ScatterElements without a reduction:
+    it imports as that op (which is also what an export writes)."""
+    node.op = "ScatterElements"

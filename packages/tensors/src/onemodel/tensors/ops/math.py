@@ -278,7 +278,7 @@ def _cum_prod_grad(ctx, g):
     return call("CumProdGrad", x, axis, g, **ctx.attrs), None
 
 
-@defop("CumProd", shape=_cum_shape, grad=_cum_prod_grad)
+@defop("CumProd", shape=_cum_shape, grad=_cum_prod_grad, onnx_opset=26)
 def cum_prod(x, axis, *, exclusive=0, reverse=0):
     """ONNX CumProd (opset 26): running products along ``axis``; ``exclusive`` leaves each
     element out of its own product, ``reverse`` runs from the end."""

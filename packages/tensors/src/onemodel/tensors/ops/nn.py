@@ -827,7 +827,7 @@ def _group_norm_shape(specs, *, epsilon=1e-5, num_groups=None, stash_type=1):
     return TensorSpec(x.shape, dt)
 
 
-@defop("GroupNormalization", shape=_group_norm_shape,
+@defop("GroupNormalization", shape=_group_norm_shape, onnx_opset=21,
        grad=lambda ctx, g: _grouped_norm_grad(ctx, g, ctx.attrs["num_groups"]))
 def group_normalization(X, scale, bias, *, epsilon=1e-5, num_groups=None, stash_type=1):
     """ONNX GroupNormalization (opset 21): each group of C / num_groups channels normalized per
@@ -998,7 +998,7 @@ def _bilinear_columns(X, pos, offset_group):
     return out.reshape(n, c, pos.shape[-1])
 
 
-@defop("DeformConv", shape=_deform_conv_shape)
+@defop("DeformConv", shape=_deform_conv_shape, onnx_opset=19)
 def deform_conv(X, W, offset, B=None, mask=None, *, dilations=None, group=1, kernel_shape=None,
                 offset_group=1, pads=None, strides=None):
     """ONNX DeformConv: a convolution whose kernel taps are moved by ``offset`` (per output

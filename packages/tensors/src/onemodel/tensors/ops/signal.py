@@ -84,7 +84,7 @@ def _dft_axis_attribute(node: ImportNode) -> None:
     node.inputs = inputs[:2] + [node.const(int(axis))]
 
 
-@defop("DFT", shape=_dft_shape, static=("dft_length", "axis"))
+@defop("DFT", shape=_dft_shape, static=("dft_length", "axis"), onnx_opset=20)
 def dft(input, dft_length=None, axis=None, *, inverse=0, onesided=0):
     """ONNX DFT (opset 20): the discrete Fourier transform along ``axis`` (default -2).
     ``onesided`` keeps the non-redundant half (RFFT), or with ``inverse`` takes one and gives
