@@ -108,6 +108,17 @@ def test_an_op_without_a_device_kernel_runs_on_the_cpu_with_counted_transfers():
     np.testing.assert_allclose(out.cpu().numpy(), Tensor(x).softmax(-1).numpy(), rtol=1e-6)
 
 
+def test_a_call_every_device_kernel_refuses_runs_on_the_cpu():
+    sim_kernels.calls.clear()
+    devices.reset_transfer_stats()
+    f32 = Tensor(np.array([-1.5, 2.0], np.float32), device="sim").abs()
+    f64 = Tensor(np.array([-1.5, 2.0]), device="sim").abs()  # abs_f32's supports refuses F64
+    assert sim_kernels.calls["Abs:f32"] == 1
+    assert devices.transfer_stats()["fallback:Abs"] == 1
+    assert f64.device == "sim" and f64.cpu().numpy().tolist() == [1.5, 2.0]
+    assert f32.cpu().numpy().tolist() == [1.5, 2.0]
+
+
 def test_a_backend_that_refuses_fallback_names_the_op_and_device():
     x = Tensor(np.ones((2, 3), np.float32), device="sim-strict")
     assert (x + x).device == "sim-strict"  # it has Add

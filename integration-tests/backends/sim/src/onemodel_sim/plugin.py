@@ -30,3 +30,5 @@ def onemodel_register_kernels(register):
             register(op, f"onemodel_sim.kernels:{op}", device=device)
     register("Relu", "onemodel_sim.kernels:relu_fast", device="sim", priority=10,
              supports="onemodel_sim.kernels:relu_fast_supports")
+    register("Abs", "onemodel_sim.kernels:abs_f32", device="sim",
+             supports="onemodel_sim.kernels:abs_f32_supports")

@@ -19,6 +19,7 @@ import numpy as np
 
 from onemodel.tensors import devices, registry
 from onemodel.tensors.dtype import DType
+from onemodel.tensors.errors import PluginError
 from onemodel.tensors.ops import OPS
 
 from .planner import Plan, Step
@@ -129,7 +130,12 @@ class _DeviceCall:
                     f"op {self.op} has no kernel on device {self.dev.name!r} for dtype "
                     f"{dtype.name if dtype else None}, and the backend does not fall back")
             return False
-        return registry.choose_kernel(self.op, self.dev.name, args, self.attrs, recs)
+        try:
+            return registry.choose_kernel(self.op, self.dev.name, args, self.attrs, recs)
+        except PluginError:  # every device kernel's supports check refused these shapes
+            if not self.dev.fallback:
+                raise
+            return False
 
 
 _KNOWN = {d.numpy for d in DType}

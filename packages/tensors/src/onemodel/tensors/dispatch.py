@@ -19,7 +19,7 @@ from typing import Any
 from . import devices, registry, trace_state
 from .autograd import Node, grad_mode
 from .dtype import DType
-from .errors import OneModelError, ShapeError
+from .errors import OneModelError, PluginError, ShapeError
 from .ops.base import OPS, OpDef, TensorSpec
 from .tensor import Tensor
 
@@ -122,12 +122,16 @@ def _dispatch_on_device(op: str, inputs: Sequence[Tensor | None], attrs):
     kernel = entry[1]
     static = _static_positions(opdef)
     attrs = attrs or {}
+    on_cpu = False
     if kernel is not None:  # the device's own kernel: device arrays, sizes in host memory
         args = [None if t is None else _host_or_here(t, device, i in static)
                 for i, t in enumerate(inputs)]
         if kernel.__class__ is _Chooser:
-            kernel = kernel.choose(args, attrs)
-    else:
+            try:
+                kernel = kernel.choose(args, attrs)
+            except PluginError:  # every device kernel's supports check refused this call
+                kernel = None
+    if kernel is None:
         if not dev.fallback:
             raise devices.DeviceError(
                 f"op {op} has no kernel on device {device!r}, and backend {device!r} (plugin "
@@ -136,11 +140,12 @@ def _dispatch_on_device(op: str, inputs: Sequence[Tensor | None], attrs):
         devices.note_fallback(dev, op)
         args = [None if t is None else t._host() for t in inputs]
         kernel = registry.choose_kernel(op, "cpu", args, attrs)
+        on_cpu = True
     try:
         out = kernel(*args, **attrs)
     except (ValueError, IndexError, TypeError) as exc:
         raise _explain(opdef, inputs, attrs or None, exc) from None
-    move = entry[1] is None  # it ran on the CPU: the results go back to the device
+    move = on_cpu  # it ran on the CPU: the results go back to the device
     if out.__class__ is tuple or out.__class__ is list:
         result = tuple(Tensor._wrap(devices.to_device(o, device) if move else o, device)
                        for o in out)
