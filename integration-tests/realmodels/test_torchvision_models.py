@@ -1,0 +1,65 @@
+"""torchvision's classification and segmentation architectures (random weights), exported by both
+PyTorch exporters with a dynamic batch axis (and dynamic height and width where the exporter
+keeps them): each file loads in OneModel with those axes symbolic and agrees with onnxruntime at
+two sizes through one session. The slowest run with ``-m slow_models``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxscript")
+pytest.importorskip("PIL", reason="torchvision imports PIL (scripts/dev.py installs pillow)")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+import builders  # noqa: E402
+import torchvision_models as tvm  # noqa: E402
+
+from onemodel.runtime import Session  # noqa: E402
+from onemodel.tensors import DimExpr  # noqa: E402
+
+try:
+    tvm.load_torchvision()
+except ImportError as exc:  # pragma: no cover - scripts/dev.py installs it
+    pytest.skip(f"torchvision is not installed ({exc}); scripts/dev.py installs it",
+                allow_module_level=True)
+
+# (model, exporter) -> why it cannot pass yet; strict, so it shows when it starts passing
+XFAIL: dict[tuple[str, str], str] = {}
+
+
+def _cases():
+    for name, spec in tvm.specs().items():
+        for exporter in builders.EXPORTERS:
+            marks = [pytest.mark.torch]
+            if spec.slow:
+                marks.append(pytest.mark.slow_models)
+            if (name, exporter) in XFAIL:
+                marks.append(pytest.mark.xfail(strict=True, reason=XFAIL[name, exporter]))
+            yield pytest.param(name, exporter, marks=marks, id=f"{name}-{exporter}")
+
+
+@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
+def test_torchvision_model_loads_symbolic_and_agrees_with_onnxruntime(name, exporter):
+    spec = tvm.specs()[name]
+    path = tvm.exported(name, exporter)
+    session = Session.load(path)
+    for v, inp in zip(session.graph.inputs, spec.inputs):
+        for d, want in zip(v.shape, inp.shape):
+            if spec.dynamic(exporter, want):
+                assert isinstance(d, DimExpr), f"{v.name}: {v.shape}"
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    ref = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    for which in (0, 1):
+        feeds = spec.feeds(which, exporter)
+        want = ref.run(None, feeds)[0]
+        got = session.run(feeds, return_numpy=True)[session.graph.outputs[0].name]
+        assert want.std() > 1e-3, "a degenerate output would agree with anything"
+        assert got.shape == want.shape
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale,
+                                   err_msg=f"{name} by {exporter} at "
+                                   f"{ {k: v.shape for k, v in feeds.items()} }")
