@@ -116,9 +116,9 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
     Each channel is copied into a zero-padded buffer (one per block of channels, its border
     zeroed once). At stride 1 every tap is then one long contiguous multiply-add over the whole
     padded-width plane (the columns past the output's width are computed and dropped), which
-    vectorizes where short per-row loops would not. At other strides the buffer is first split
-    into its sh*sw phases (rows y*sh + r, columns x*sw + c), in which every tap is again one
-    contiguous multiply-add at a fixed offset."""
+    vectorizes where short per-row loops would not. At other strides the channel is copied into
+    the sh*sw phases of that padded plane instead (rows y*sh + r, columns x*sw + c), in which
+    every tap is again one contiguous multiply-add at a fixed offset."""
     n_img, m_out, oh, ow = out.shape
     h, w = x.shape[2], x.shape[3]
     kh, kw = wt.shape[2], wt.shape[3]
@@ -133,31 +133,36 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
     total = n_img * m_out
     block = 16
     for blk in prange((total + block - 1) // block):
-        buf = np.zeros((hp, wp), x.dtype)
-        flat = buf.reshape(hp * wp)
+        buf = np.zeros((1, 1) if strided else (hp, wp), x.dtype)
+        flat = buf.reshape(buf.size)
         phases = np.zeros((sh * sw, hq, wq) if strided else (1, 1, 1), x.dtype)
         acc = np.empty(plane, x.dtype)
         for t in range(blk * block, min(total, (blk + 1) * block)):
             n = t // m_out
             m = t % m_out
             bv = bias[m] if has_bias else 0
-            buf[ph:ph + h, pw:pw + w] = x[n, m // mult]
             dst = out[n, m]
             acc[:] = 0
             if strided:
+                # the channel straight into its phases: padded row iy + ph is phase row
+                # (iy + ph) % sh, row (iy + ph) // sh; columns likewise. Padding positions
+                # are never written, so they keep the zeros of the block's first channel.
+                xc = x[n, m // mult]
                 for r in range(sh):
+                    iy0 = (r - ph) % sh
                     for c in range(sw):
-                        ph_plane = phases[r * sw + c]
-                        for yy in range(hq):
-                            sy = yy * sh + r
-                            if sy >= hp:
+                        pplane = phases[r * sw + c]
+                        ix0 = (c - pw) % sw
+                        xx0 = (ix0 + pw) // sw
+                        cnt = min((w - ix0 + sw - 1) // sw, wq - xx0)
+                        for iy in range(iy0, h, sh):
+                            yy = (iy + ph) // sh
+                            if yy >= hq:
                                 break
-                            brow = buf[sy]
-                            prow = ph_plane[yy]
-                            for xx in range(wq):
-                                sx = xx * sw + c
-                                if sx < wp:
-                                    prow[xx] = brow[sx]
+                            prow = pplane[yy]
+                            xrow = xc[iy]
+                            for k in range(cnt):
+                                prow[xx0 + k] = xrow[ix0 + k * sw]
                 for i in range(kh):
                     for j in range(kw):
                         wv = wt[m, 0, i, j]
@@ -167,6 +172,7 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
                         for q in range(plane):
                             acc[q] += wv * tap[q]
             else:
+                buf[ph:ph + h, pw:pw + w] = x[n, m // mult]
                 for i in range(kh):
                     for j in range(kw):
                         wv = wt[m, 0, i, j]
