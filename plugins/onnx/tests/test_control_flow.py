@@ -294,3 +294,34 @@ def test_a_failing_subgraph_names_the_node():
         session.run({"M": np.array(2, np.int64), "c0": np.array(True),
                      "acc0": np.zeros(3, np.float32), "x": np.zeros(2, np.float32),
                      "limit": np.array(1.0, np.float32)})
+
+
+def test_passes_around_subgraphs_keep_results():
+    """An If on constants is folded; one on inputs is kept; the Loop and its captures survive
+    common-subexpression and dead-code passes. Every optimization level gives ORT's result."""
+    then_g = helper.make_graph([helper.make_node("Mul", ["c", "two"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", F, None)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["c"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", F, None)])
+    g = helper.make_graph(
+        [helper.make_node("If", ["yes"], ["k"], then_branch=then_g, else_branch=else_g),
+         helper.make_node("Add", ["x", "k"], ["a1"]),
+         helper.make_node("Add", ["x", "k"], ["a2"]),  # a common subexpression of a1
+         helper.make_node("ReduceSum", ["a2"], ["s"], keepdims=0),
+         helper.make_node("Greater", ["s", "zero"], ["cond"]),
+         helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g),
+         helper.make_node("Mul", ["a1", "y"], ["z"])],
+        "passes", [helper.make_tensor_value_info("x", F, [])],
+        [helper.make_tensor_value_info("z", F, [3])],
+        [helper.make_tensor("yes", B, [], [True]), helper.make_tensor("c", F, [3], [1, 2, 3]),
+         helper.make_tensor("two", F, [], [2.0]), helper.make_tensor("zero", F, [], [0.0])])
+    model = _model(g)
+    oracle = _ort(model)
+    folded = Session(from_model(model))
+    assert [n.op for n in folded.graph.nodes].count("If") == 1  # the constant one is gone
+    for level in ("none", "basic", "all"):
+        session = Session(from_model(model), optimization_level=level)
+        for x in (-20.0, 0.5, 3.0):
+            feeds = {"x": np.array(x, np.float32)}
+            np.testing.assert_allclose(session.run(feeds, return_numpy=True)["z"],
+                                       oracle.run(None, feeds)[0], rtol=1e-6)
