@@ -132,6 +132,8 @@ def test_sequences_in_and_out_of_a_session():
         session.run({"s": [seq[0], np.array([1], np.int64)], "t": np.zeros(1, np.float32)})
     with pytest.raises(OneModelError, match="give a list of arrays"):
         session.run({"s": np.zeros(2, np.float32), "t": np.zeros(1, np.float32)})
+    with pytest.raises(OneModelError, match="input 's' is a sequence or optional"):
+        session.warmup({"s": (2,), "t": (1,)})
 
 
 def test_a_sequence_given_to_a_tensor_op_is_a_graph_error():

@@ -187,6 +187,10 @@ class Session:
 
         Graphs whose plans depend on the values of inputs (a Reshape target fed at run time)
         have no plan per shape; run them instead."""
+        if not self._plain_inputs:
+            names = ", ".join(repr(v.name) for v in self.graph.inputs if v.kind != "tensor")
+            raise OneModelError(f"input {names} is a sequence or optional, which has no shape "
+                                "to plan for; call run() with its value instead")
         if self._value_inputs:
             names = ", ".join(repr(self.graph.inputs[i].name) for i in self._value_inputs)
             raise OneModelError(f"this graph's plans depend on the values of input {names}, "
