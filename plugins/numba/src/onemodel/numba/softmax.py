@@ -34,15 +34,41 @@ _P4 = F(1.6666665459e-1)
 _P5 = F(5.0000001201e-1)
 
 
-@jit(fastmath={"nnan", "nsz", "reassoc"})
+@jit()
 def _row_max(row):
-    """The row's maximum, NaN ignored (the callers count NaN on their own): with no NaN to
-    honour, the comparison reduces in vector lanes."""
-    m = row[0]
-    for q in range(row.shape[0]):
+    """The row's maximum, NaN ignored (the callers count NaN on their own). LLVM keeps a float
+    max reduction scalar even under fast-math flags, so eight independent running maxima
+    (unrolled by hand) hide the comparison's latency."""
+    n = row.shape[0]
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[0]
+    full = n - n % 8
+    for q in range(0, full, 8):
         v = row[q]
-        m = v if v > m else m
-    return m
+        m0 = v if v > m0 else m0
+        v = row[q + 1]
+        m1 = v if v > m1 else m1
+        v = row[q + 2]
+        m2 = v if v > m2 else m2
+        v = row[q + 3]
+        m3 = v if v > m3 else m3
+        v = row[q + 4]
+        m4 = v if v > m4 else m4
+        v = row[q + 5]
+        m5 = v if v > m5 else m5
+        v = row[q + 6]
+        m6 = v if v > m6 else m6
+        v = row[q + 7]
+        m7 = v if v > m7 else m7
+    for q in range(full, n):
+        v = row[q]
+        m0 = v if v > m0 else m0
+    m0 = m1 if m1 > m0 else m0
+    m2 = m3 if m3 > m2 else m2
+    m4 = m5 if m5 > m4 else m4
+    m6 = m7 if m7 > m6 else m6
+    m0 = m2 if m2 > m0 else m0
+    m4 = m6 if m6 > m4 else m4
+    return m4 if m4 > m0 else m0
 
 
 @jit(fastmath={"reassoc"})
