@@ -152,6 +152,13 @@ def test_lp_pool_matches_torch():
         ours = run("LpPool", x, kernel_shape=(3, 2), strides=(2, 2), p=p).numpy()
         ref = torch.nn.functional.lp_pool2d(torch.tensor(np.abs(x)), p, (3, 2), stride=(2, 2))
         np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-10)
+    # gradient: torch's lp_pool2d is (sum x^p)^(1/p), so |x| for odd p (x > 0 there)
+    for p in (1, 2, 3):
+        _grad_check(lambda t, p=p: run("LpPool", t, kernel_shape=(3, 2), strides=(2, 1),
+                                       pads=(1, 0, 1, 0), p=p),
+                    lambda t, p=p: torch.nn.functional.lp_pool2d(
+                        torch.nn.functional.pad(t, (0, 0, 1, 1)), p, (3, 2), stride=(2, 1)),
+                    [np.abs(x) + 0.1])
     (spec,) = OPS["LpPool"].infer([TensorSpec((N, 3, L, 8), DType.F32)],
                                   {"kernel_shape": (2, 2), "strides": (2, 2)})
     assert spec.shape[:2] == (N, 3) and spec.shape[3] == 4

@@ -714,7 +714,11 @@ def _lp_pool_shape(specs, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, ker
                        kernel_shape=kernel_shape, pads=pads, strides=strides)
 
 
-@defop("LpPool", shape=_lp_pool_shape)
+def _lp_pool_grad(ctx, g):
+    return call("LpPoolGrad", ctx.inputs[0], ctx.outputs[0], g, **ctx.attrs)
+
+
+@defop("LpPool", shape=_lp_pool_shape, grad=_lp_pool_grad)
 def lp_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(), p=2,
             pads=None, strides=None):
     """ONNX LpPool: the p-norm of each window, (sum |x|^p)^(1/p); padding adds nothing."""
@@ -725,6 +729,24 @@ def lp_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(
     total = _window_sum(_pad_spatial(powered, pb, pe), k, s, d, out_sp)
     out = np.sqrt(total) if p == 2 else total if p == 1 else total ** (1.0 / p)
     return out.astype(X.dtype, copy=False)
+
+
+@defop("LpPoolGrad", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
+       domain="onemodel")
+def lp_pool_grad(X, Y, dY, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(),
+                 p=2, pads=None, strides=None):
+    """Gradient of LpPool: dY * Y^(1-p) summed back over each window, times
+    sign(x) |x|^(p-1) (0 where a window's norm is 0)."""
+    k, s, pb, pe, d, out_sp, _ = _pool_setup(X, kernel_shape, strides, pads, dilations, auto_pad,
+                                             ceil_mode)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(Y > 0, dY * Y ** (1 - p), 0).astype(dY.dtype, copy=False)
+    padded = X.shape[:2] + tuple(X.shape[2 + i] + pb[i] + pe[i] for i in range(len(k)))
+    dxp = np.zeros(padded, dY.dtype)
+    for _, sl in _positions(k, s, d, out_sp):
+        dxp[(slice(None), slice(None), *sl)] += share
+    local = X if p == 2 else np.sign(X) if p == 1 else np.sign(X) * np.abs(X) ** (p - 1)
+    return (np.ascontiguousarray(_crop(dxp, pb, pe)) * local).astype(dY.dtype, copy=False)
 
 
 def _lp_norm_shape(specs, *, axis=-1, p=2):
