@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--include-slow", action="store_true",
                         help="with no --models: the slow models too")
     args = parser.parse_args(argv)
+    # torch (imported by the suites) loads libgomp before the numba plugin can ask its OpenMP
+    # workers to sleep between kernels; spinning, they took the CPU from our serial kernels on
+    # a loaded machine (ResNet 0.5 ms became 45 ms). Set here first, as the training benchmark does.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     import numpy as np
     import onnxruntime as ort
