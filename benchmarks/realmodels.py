@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n, (spec, _) in models.items() if args.include_slow or not spec.slow]
 
     print(f"exporter {args.exporter}, {args.threads} thread(s), median of {args.runs} paired runs")
-    print(f"{'model':28s} {'ORT ms':>9s} {'OneModel ms':>12s} {'ratio':>7s} {'max diff':>9s}")
+    print(f"{'model':28s} {'ORT ms':>9s} {'OneModel ms':>12s} {'ratio':>7s} {'max diff':>9s}  input")
     ratios, failed = [], []
     for name in names:
         spec, exported = models[name]
@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         o, t, r = paired(lambda s=ours, f=feeds: s.run(f),
                          lambda s=theirs, f=feeds: s.run(None, f), args.runs)
         ratios.append(r)
-        print(f"{name:28s} {t:9.2f} {o:12.2f} {r:6.2f}x {diff:9.1e}", flush=True)
+        shape = "x".join(map(str, next(iter(feeds.values())).shape))
+        print(f"{name:28s} {t:9.2f} {o:12.2f} {r:6.2f}x {diff:9.1e}  {shape}", flush=True)
     if ratios:
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
         print(f"{'geometric mean':28s} {'':9s} {'':12s} {geo:6.2f}x   ({len(ratios)} models)")
