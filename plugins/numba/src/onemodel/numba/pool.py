@@ -270,21 +270,26 @@ def _max_pool_grad(x, dy, dx, h, w, oh, ow, dh, dw, h0, lo_h, hi_h, w0, lo_w, hi
             dx[U(src + t)] = 0
         for y in range(oh):
             for q in range(ow):
-                started = lo_h[y] > 0 or lo_w[q] > 0  # tap (0, 0) is padding: best is -inf
-                best = -np.inf
-                idx = -1
+                ilo, ihi, jlo, jhi = lo_h[y], hi_h[y], lo_w[q], hi_w[q]
+                if ilo >= ihi or jlo >= jhi:
+                    continue  # no tap inside the image
+                first = src + (h0[y] + ilo * dh) * w + w0[q] + jlo * dw
+                if ilo > 0 or jlo > 0:  # tap (0, 0) is padding: it holds the max at -inf
+                    best = -np.inf
+                    idx = -1
+                else:
+                    best = x[U(first)]
+                    idx = first
                 nan = False
-                for i in range(lo_h[y], hi_h[y]):
+                for i in range(ilo, ihi):  # branch-free selects: the first strict maximum
                     row = src + (h0[y] + i * dh) * w + w0[q]
-                    for j in range(lo_w[q], hi_w[q]):
+                    for j in range(jlo, jhi):
                         at = row + j * dw
                         v = x[U(at)]
-                        if v != v:
-                            nan = True
-                        elif not started or v > best:
-                            best = v
-                            idx = at
-                            started = True
+                        nan |= v != v
+                        gt = v > best
+                        best = v if gt else best
+                        idx = at if gt else idx
                 if idx >= 0 and not nan:
                     dx[U(idx)] += dy[U(base + y * ow + q)]
 
