@@ -1,5 +1,5 @@
 """Each distribution builds a wheel holding only its own subpackage, and onemodel-tensors works
-installed alone in a clean virtual environment with only numpy and pluggy."""
+installed alone in a clean virtual environment with only numpy, pluggy and ml_dtypes."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ SUBPACKAGES = {
     "plugins/native": "native",
     "plugins/onnx": "onnx",
     "plugins/numba": "numba",
+    "plugins/cupy": "cupy",
     "packages/distributed": "distributed",
 }
 
@@ -60,7 +61,8 @@ def test_tensors_wheel_alone_in_a_clean_venv(wheels, tmp_path):
     listed = subprocess.run([py, "-m", "pip", "list", "--format=freeze"], capture_output=True,
                             text=True, check=True).stdout
     names = {line.split("==")[0].lower() for line in listed.split()}
-    assert names - {"pip", "setuptools", "wheel"} == {"numpy", "pluggy", "onemodel-tensors"}
+    assert names - {"pip", "setuptools", "wheel"} == {"numpy", "pluggy", "ml_dtypes",
+                                                     "onemodel-tensors"}
     code = (
         "import sys\n"
         "from onemodel.tensors import Tensor, functional as F, registry\n"
