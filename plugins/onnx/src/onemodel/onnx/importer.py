@@ -31,7 +31,7 @@ from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.adapters import ImportNode, adapters_for
 
 from . import subgraphs
-from .dtypes import from_onnx
+from .dtypes import from_onnx, raw_nbytes
 from .integrity import KEY, initializers_crc
 
 
@@ -143,15 +143,19 @@ def _to_array(t, what: str) -> np.ndarray:
     if t.data_location == TensorProto.EXTERNAL:
         raise OnnxFormatError(f"{what} has external data that was not loaded (load the model "
                               "from its file, beside its data files)")
+    # 4- and 2-bit types are packed, two or four to a byte (and so to a typed-field value)
+    packed = raw_nbytes(dtype, count) if dtype.bits < 8 else None
     if t.HasField("raw_data"):
-        if len(t.raw_data) != count * dtype.itemsize:
+        need = packed if packed is not None else count * dtype.itemsize
+        if len(t.raw_data) != need:
             raise OnnxFormatError(f"{what} holds {len(t.raw_data)} bytes, its shape {dims} and "
-                                  f"dtype {dtype.name} need {count * dtype.itemsize}")
+                                  f"dtype {dtype.name} need {need}")
     else:
         stored = max(len(t.float_data), len(t.int32_data), len(t.int64_data),
                      len(t.double_data), len(t.uint64_data))
-        if stored != count:
-            raise OnnxFormatError(f"{what} holds {stored} values, its shape {dims} needs {count}")
+        need = packed if packed is not None else count
+        if stored != need:
+            raise OnnxFormatError(f"{what} holds {stored} values, its shape {dims} needs {need}")
     try:
         arr = numpy_helper.to_array(t)
     except Exception as exc:  # onnx raises assorted types on malformed tensors
