@@ -46,8 +46,6 @@ EXPECTED_FAILURES = {
     "test_attention_4d_causal_padded_kv_bf16_expanded": "BF16 arithmetic",
     "test_attention_4d_attn_mask_causal_bf16_expanded": "BF16 arithmetic",
     "test_attention_3d_causal_bf16_expanded": "BF16 arithmetic",
-    # Scan before opset 9 (a batch axis and sequence_lens inputs) is refused on import.
-    "test_scan_sum": "Scan-8",
 }
 
 CASES = node_cases()

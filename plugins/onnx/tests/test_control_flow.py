@@ -325,3 +325,24 @@ def test_passes_around_subgraphs_keep_results():
             feeds = {"x": np.array(x, np.float32)}
             np.testing.assert_allclose(session.run(feeds, return_numpy=True)["z"],
                                        oracle.run(None, feeds)[0], rtol=1e-6)
+
+
+def test_scan_8_with_a_batch_axis():
+    body = helper.make_graph(
+        [helper.make_node("Add", ["state", "row"], ["state_out"]),
+         helper.make_node("Mul", ["state_out", "row"], ["out"])],
+        "scan8_body",
+        [helper.make_tensor_value_info("state", F, [2]), helper.make_tensor_value_info("row", F, [2])],
+        [helper.make_tensor_value_info("state_out", F, [2]), helper.make_tensor_value_info("out", F, [2])])
+    g = helper.make_graph(
+        [helper.make_node("Scan", ["", "init", "xs"], ["final", "ys"], body=body,
+                          num_scan_inputs=1, directions=[1])],
+        "scan8",
+        [helper.make_tensor_value_info("init", F, ["b", 2]),
+         helper.make_tensor_value_info("xs", F, ["b", "t", 2])],
+        [helper.make_tensor_value_info("final", F, ["b", 2]),
+         helper.make_tensor_value_info("ys", F, ["b", "t", 2])])
+    rng = np.random.default_rng(5)
+    feeds = [{"init": rng.normal(size=(b, 2)).astype(np.float32),
+              "xs": rng.normal(size=(b, t, 2)).astype(np.float32)} for b, t in ((1, 3), (3, 2))]
+    _check(_model(g, opset=8), feeds, builds=2)

@@ -125,9 +125,15 @@ def convert_attrs(op: str, label: str, inputs: list[str], attrs: dict, opset: in
     if unexpected:
         raise SubgraphError(f"{label}: attribute {sorted(unexpected)[0]!r} holds a graph, "
                             f"which {op} does not take")
-    if op == "Scan" and opset < 9:
-        raise SubgraphError(f"{label}: Scan before opset 9 (a batch axis and sequence_lens) is "
-                            "not supported; re-export the model at opset 9 or later")
+    if op == "Scan" and opset < 9:  # Scan-8: sequence_lens first, a batch axis on every value
+        if inputs and inputs[0]:
+            raise SubgraphError(f"{label}: Scan-8 with sequence_lens (sequences of different "
+                                "lengths in one batch) is not supported; re-export the model "
+                                "at opset 9 or later")
+        inputs = list(inputs[1:])
+        if "directions" in attrs:
+            attrs["scan_input_directions"] = attrs.pop("directions")
+        attrs["batched"] = 1
     if depth > MAX_DEPTH:
         raise SubgraphError(f"{label}: subgraphs are nested more than {MAX_DEPTH} levels deep")
     graphs, captures = {}, []

@@ -204,7 +204,18 @@ def _scan_layout(n_inputs, num_scan_inputs, num_captures, scan_input_axes,
 
 def _scan_shape(specs, *, body=None, num_scan_inputs=1, scan_input_axes=None,
                 scan_input_directions=None, scan_output_axes=None, scan_output_directions=None,
-                num_captures=0):
+                num_captures=0, batched=0):
+    if batched:  # Scan-8: each state and scan input has a leading batch axis
+        n_io = len(specs) - num_captures
+        batch = specs[0].shape[0]
+        inner = [TensorSpec(tuple(s.shape[1:]), s.dtype) for s in specs[:n_io]]
+        outs = _scan_shape(inner + list(specs[n_io:]), body=body,
+                           num_scan_inputs=num_scan_inputs, scan_input_axes=scan_input_axes,
+                           scan_input_directions=scan_input_directions,
+                           scan_output_axes=scan_output_axes,
+                           scan_output_directions=scan_output_directions,
+                           num_captures=num_captures)
+        return [TensorSpec((batch, *o.shape), o.dtype) for o in outs]
     body = _graph_attr(body, "body")
     n_states, axes, _ = _scan_layout(len(specs), num_scan_inputs, num_captures,
                                      scan_input_axes, scan_input_directions)
@@ -233,10 +244,30 @@ def _scan_shape(specs, *, body=None, num_scan_inputs=1, scan_input_axes=None,
 @defop("Scan", shape=_scan_shape, outputs=("outputs...",))
 def scan(*inputs, body=None, num_scan_inputs=1, scan_input_axes=None,
          scan_input_directions=None, scan_output_axes=None, scan_output_directions=None,
-         num_captures=0):
+         num_captures=0, batched=0):
     """Run ``body`` once per slice of the scan inputs along their scan axes (backwards where
     a direction is 1), threading the state values through; give the final states and the
-    per-iteration outputs stacked along each output's scan axis."""
+    per-iteration outputs stacked along each output's scan axis. ``batched=1`` is ONNX's
+    Scan-8 form: every state and scan input has a leading batch axis, and each batch entry is
+    scanned on its own."""
+    options = {"body": body, "num_scan_inputs": num_scan_inputs,
+               "scan_input_axes": scan_input_axes,
+               "scan_input_directions": scan_input_directions,
+               "scan_output_axes": scan_output_axes,
+               "scan_output_directions": scan_output_directions, "num_captures": num_captures}
+    if not batched:
+        return _scan_one(inputs, **options)
+    n_io = len(inputs) - num_captures
+    caps = list(inputs[n_io:])
+    count = inputs[0].shape[0]
+    if count == 0:
+        raise OneModelError("Scan (batched): the batch is empty")
+    per = [_scan_one([x[b] for x in inputs[:n_io]] + caps, **options) for b in range(count)]
+    return tuple(np.stack([p[k] for p in per]) for k in range(len(per[0])))
+
+
+def _scan_one(inputs, *, body, num_scan_inputs, scan_input_axes, scan_input_directions,
+              scan_output_axes, scan_output_directions, num_captures):
     n_states, axes, dirs = _scan_layout(len(inputs), num_scan_inputs, num_captures,
                                         scan_input_axes, scan_input_directions)
     states = list(inputs[:n_states])
