@@ -18,7 +18,7 @@ from onemodel.tensors import DimExpr, DType, OneModelError
 from onemodel.tensors.fileio import atomic_write
 from onemodel.tensors.ops import OPS
 
-from .dtypes import TO_ONNX
+from .dtypes import TO_ONNX, min_opset
 from .integrity import KEY, initializers_crc
 
 DEFAULT_OPSET = 18  # files are written at this opset, or higher where an op's form needs it
@@ -26,7 +26,10 @@ IR_VERSION = 8
 
 
 def required_opset(graph: Graph) -> int:
-    need = DEFAULT_OPSET
+    """The lowest opset whose forms hold every node and every element type of the graph."""
+    dtypes = [v.dtype for v in graph.inputs + graph.outputs]
+    dtypes += [DType.from_numpy(a.dtype) for a in graph.initializers.values()]
+    need = max(DEFAULT_OPSET, min_opset(dtypes))
     for n in graph.nodes:
         op = OPS.get(n.op)
         if op is not None:
@@ -74,6 +77,8 @@ def to_model(graph: Graph, opset: int | None = None):
                                     f"{need} ({exc})") from None
         else:
             model.opset_import[0].version = target
+    # the IR version that opset needs (float8 and int4 files need IR 9 and 10), at least 8
+    model.ir_version = max(IR_VERSION, helper.find_min_ir_version_for(list(model.opset_import)))
     entry = model.metadata_props.add()  # verified by the importer: ONNX has no checksum
     entry.key, entry.value = KEY, initializers_crc(
         (t.name, numpy_helper.to_array(t)) for t in model.graph.initializer)
