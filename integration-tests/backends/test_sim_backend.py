@@ -180,17 +180,25 @@ def test_moving_a_model_there_and_back_changes_no_result():
     np.testing.assert_array_equal(after, before)
 
 
-def test_an_optimizer_made_before_the_move_says_so():
-    model = _model()
-    optimizer = T.Adam(model.parameters(), 0.01)
+@pytest.mark.parametrize("opt", ["SGD", "Adam"])
+def test_an_optimizer_keeps_working_when_its_model_moves_mid_training(opt):
     x, y = _data()
-    losses.cross_entropy(model(Tensor(x)), Tensor(y)).backward()
-    optimizer.step()
-    model.to("sim")
-    optimizer.zero_grad()
-    losses.cross_entropy(model(Tensor(x, device="sim")), Tensor(y, device="sim")).backward()
-    with pytest.raises(OneModelError, match="move the model first"):
-        optimizer.step()
+    results = {}
+    for move in (False, True):
+        model = _model()
+        optimizer = (T.SGD(model.parameters(), 0.1, momentum=0.9) if opt == "SGD"
+                     else T.Adam(model.parameters(), 0.01))
+        for step in range(4):
+            if move and step == 2:
+                model.to("sim")  # the optimizer's state (momentum, moments) follows
+            device = next(iter(model.parameters())).device
+            optimizer.zero_grad()
+            losses.cross_entropy(model(Tensor(x, device=device)),
+                                 Tensor(y, device=device)).backward()
+            optimizer.step()
+        results[move] = {k: v.cpu().numpy() for k, v in model.state_dict().items()}
+    for k, v in results[False].items():
+        np.testing.assert_allclose(results[True][k], v, rtol=1e-5, atol=1e-6)
 
 
 def test_checkpoints_hold_host_arrays_and_load_onto_any_device(tmp_path):

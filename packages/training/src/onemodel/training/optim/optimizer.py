@@ -11,19 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from onemodel.tensors import OneModelError, Tensor
+from onemodel.tensors import OneModelError, Tensor, devices
 
 
-def _check_state_device(p: Tensor, state: dict) -> None:
-    """State arrays live where their parameter lives: a model moved after its optimizer took
-    steps would mix devices (PyTorch refuses it too)."""
-    kind = type(p._data)
-    for name, v in state.items():
-        if hasattr(v, "shape") and getattr(v, "ndim", 0) and type(v) is not kind:
-            raise OneModelError(
-                f"optimizer state {name!r} is not on the parameter's device {p.device!r}: the "
-                "model moved after the optimizer took steps; move the model first, then make "
-                "the optimizer (or load its state_dict again), as in PyTorch")
+def _follow_parameter(p: Tensor, state: dict, where: dict[int, str]) -> None:
+    """State arrays live where their parameter lives: after ``model.to(device)`` (or a state
+    dict loaded as host arrays) they move with it, once, through host memory."""
+    src = where.get(id(p), "cpu")
+    if src != p._device:
+        for name, v in state.items():
+            if hasattr(v, "shape") and hasattr(v, "dtype") and getattr(v, "ndim", 0):
+                state[name] = devices.move(v, src, p._device)
+    where[id(p)] = p._device
 
 
 class Optimizer:
@@ -38,6 +37,7 @@ class Optimizer:
             self.add_param_group(g)
         self.state: dict[int, dict[str, Any]] = {}  # keyed by id(parameter)
         self._buffers: dict[tuple, np.ndarray] = {}  # scratch space, reused across steps
+        self._where: dict[int, str] = {}  # id(parameter) -> the device its state is on
 
     def add_param_group(self, group: dict[str, Any]) -> None:
         group = dict(group)
@@ -68,8 +68,10 @@ class Optimizer:
                 if group.get("maximize"):
                     g = -g
                 state = self.state.setdefault(id(p), {})
-                if p._device != "cpu" or state:
-                    _check_state_device(p, state)
+                if state and self._where.get(id(p), "cpu") != p._device:
+                    _follow_parameter(p, state, self._where)
+                elif p._device != "cpu":
+                    self._where[id(p)] = p._device
                 self._update(p._data, g, state, group)
 
     def _scratch(self, like: np.ndarray) -> np.ndarray:
