@@ -199,6 +199,23 @@ def test_nonzero_unique_compress_feed_later_ops_without_a_plan_per_value():
     assert session.cache_info().plans == 2
 
 
+def test_topk_with_a_run_time_k_is_planned_once_per_shape():
+    # k is a graph input (as detectors compute it): a size only data decides, not a plan key
+    g = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1),
+         helper.make_node("Mul", ["values", "two"], ["scaled"])],
+        "topk_runtime_k",
+        [helper.make_tensor_value_info("x", F, ["n", 8]),
+         helper.make_tensor_value_info("k", I64, [1])],
+        [helper.make_tensor_value_info("scaled", F, ["n", None]),
+         helper.make_tensor_value_info("indices", I64, ["n", None])],
+        [helper.make_tensor("two", F, [], [2.0])])
+    rng = np.random.default_rng(3)
+    x = rng.permutation(np.arange(24, dtype=np.float32)).reshape(3, 8)
+    feeds = [{"x": x, "k": np.array([k], np.int64)} for k in (1, 3, 8, 3)]
+    _check(_model(g), feeds, builds=1)
+
+
 def _nested_model():
     # Loop whose body holds an If that reads a value two scopes out (the outer input 'k')
     then_g = helper.make_graph([helper.make_node("Add", ["acc", "k"], ["t"])], "then", [],

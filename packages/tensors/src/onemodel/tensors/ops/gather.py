@@ -166,7 +166,12 @@ def hardmax(input, *, axis=-1):
 
 def _topk_shape(specs, *, axis=-1, largest=1, sorted=1):
     x = specs[0]
-    k = const_ints(specs[1], "TopK k")[0]
+    if specs[1].value is not None:
+        k = const_ints(specs[1], "TopK k")[0]
+    else:  # k computed at run time: the data decides the extent (planned as NonZero's is)
+        from .dynamic import fresh_dim
+
+        k = fresh_dim("topk")
     a = norm_axis(axis, len(x.shape))
     shape = tuple(k if i == a else d for i, d in enumerate(x.shape))
     return [TensorSpec(shape, x.dtype), TensorSpec(shape, DType.I64)]
@@ -178,7 +183,7 @@ def _topk_grad(ctx, g_values, g_indices):
     return _scatter_add_into_zeros(x, indices, g_values, ctx.attrs["axis"]), None
 
 
-@defop("TopK", shape=_topk_shape, outputs=("Values", "Indices"), static=("K",), grad=_topk_grad)
+@defop("TopK", shape=_topk_shape, outputs=("Values", "Indices"), grad=_topk_grad)
 def top_k(X, K, *, axis=-1, largest=1, sorted=1):
     """The k largest (or smallest) elements along ``axis``; ties keep the lower index."""
     k = int(np.asarray(K).reshape(-1)[0])
