@@ -280,3 +280,30 @@ def test_a_plugin_that_fails_to_import_is_skipped_with_a_warning():
     out = _python(code, ONEMODEL_SIM_FAIL_IMPORT="1")
     assert "[2.0]" in out.stdout and "no backend provides device 'sim'" in out.stdout
     assert "failed to import and was skipped" in out.stderr and "sim" in out.stderr
+
+
+def test_sizes_only_data_decides_plan_on_the_device_too():
+    pytest.importorskip("onnx")
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    from onemodel.onnx.importer import from_model
+
+    g = helper.make_graph(
+        [helper.make_node("Greater", ["x", "zero"], ["pos"]),
+         helper.make_node("NonZero", ["pos"], ["idx"]),
+         helper.make_node("Transpose", ["idx"], ["idx_t"]),
+         helper.make_node("GatherND", ["x", "idx_t"], ["vals"]),
+         helper.make_node("Mul", ["vals", "vals"], ["sq"])],
+        "nonzero", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("sq", TP.FLOAT, [None])],
+        [helper.make_tensor("zero", TP.FLOAT, [], [0.0])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    cpu, sim = Session(from_model(model)), Session(from_model(model), device="sim")
+    rng = np.random.default_rng(4)
+    for n in (4, 6, 4):
+        x = rng.normal(size=(n, 3)).astype(np.float32)
+        (want,) = cpu.run({"x": x}, return_numpy=True).values()
+        (got,) = sim.run({"x": x}, return_numpy=True).values()
+        np.testing.assert_array_equal(got, want)
