@@ -63,3 +63,26 @@ def test_torchvision_model_loads_symbolic_and_agrees_with_onnxruntime(name, expo
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale,
                                    err_msg=f"{name} by {exporter} at "
                                    f"{ {k: v.shape for k, v in feeds.items()} }")
+
+
+@pytest.mark.torch
+def test_torchvision_detector_with_nms_agrees_with_onnxruntime():
+    """SSDLite with its postprocessing (NonMaxSuppression, TopK, gathers): how many boxes come
+    out only the data decides, and one session serves two image sizes."""
+    path = tvm.exported_detector()
+    session = Session.load(path)
+    assert all(isinstance(d, DimExpr) for d in session.graph.inputs[0].shape[1:])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    ref = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    for h, w in ((64, 64), (80, 96)):
+        feeds = {"image": rng.random((3, h, w), dtype=np.float32)}
+        want = ref.run(None, feeds)
+        got = session.run(feeds, return_numpy=True)
+        assert len(want[0]) > 0, "no box survived: the test would check nothing"
+        for name, expected in zip(("boxes", "scores", "labels"), want):
+            assert got[name].shape == expected.shape, (name, got[name].shape, expected.shape)
+            np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{name} at {h}x{w}")

@@ -157,3 +157,55 @@ def exported(name: str, exporter: str) -> Path:
     if not path.exists():
         builders._export(specs()[name], exporter, path)
     return path
+
+
+def _enable_nms_export(tv) -> None:
+    """torchvision's ``nms`` asks for its compiled extension before it calls the op (declared by
+    ``load_torchvision``), and its TorchScript-exporter symbolic (ONNX NonMaxSuppression) is
+    registered with the extension: both are done here."""
+    from torchvision import extension
+    from torchvision.ops import _register_onnx_ops
+
+    def _has_ops() -> bool:  # a plain function: torchvision scripts it
+        return True
+
+    extension._has_ops = _has_ops
+    _register_onnx_ops._register_custom_op()
+
+
+def exported_detector() -> Path:
+    """SSDLite (MobileNetV3 backbone, random weights, every box kept before NMS) exported by the
+    TorchScript exporter with dynamic height and width, NMS included (ONNX NonMaxSuppression):
+    outputs boxes, scores, labels, whose count only the data decides. The dynamo exporter has
+    no translation for torchvision's nms without its compiled extension."""
+    import os
+    import tempfile
+    import warnings
+
+    import torch
+
+    tv = load_torchvision()
+    key = hashlib.sha256(tv.__version__.encode() + Path(__file__).read_bytes()).hexdigest()[:12]
+    folder = builders.cache_dir() / f"torchvision-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tv_ssdlite.torchscript.onnx"
+    if path.exists():
+        return path
+    _enable_nms_export(tv)
+    torch.manual_seed(0)
+    model = tv.models.detection.ssdlite320_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=3, score_thresh=0.0).eval()
+    fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=folder)
+    os.close(fd)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, ([torch.rand(3, 64, 64)],), tmp, dynamo=False,
+                              opset_version=builders.OPSET, input_names=["image"],
+                              output_names=["boxes", "scores", "labels"],
+                              dynamic_axes={"image": {1: "height", 2: "width"}})
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
