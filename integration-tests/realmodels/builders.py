@@ -1,9 +1,9 @@
 """Real model architectures, built here from tiny configs with seeded random weights (no downloads:
 nothing calls ``from_pretrained``) and exported to ONNX by both PyTorch exporters with dynamic axes.
 
-torchvision cannot be installed beside this machine's torch (it needs another torch build), so the
-vision architectures come from ``transformers`` too: ResNet, ConvNeXt, MobileNetV2 (classification
-and DeepLabV3 segmentation), Segformer, ViT, Swin, and YOLOS / DETR for detection.
+Vision architectures come from ``transformers`` too (ResNet, ConvNeXt, MobileNetV2 for
+classification and DeepLabV3 segmentation, Segformer, ViT, Swin, and YOLOS / DETR for detection);
+torchvision's own are in torchvision_models.py, which reuses this module's export and cache.
 
 Exported files are cached under ``$ONEMODEL_TEST_CACHE/realmodels`` (default
 ``~/.cache/onemodel-tests/realmodels``) in a folder named by a hash of the torch, transformers and
