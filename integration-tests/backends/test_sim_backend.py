@@ -215,6 +215,33 @@ def test_checkpoints_hold_host_arrays_and_load_onto_any_device(tmp_path):
                                       v.cpu().numpy())
 
 
+def test_an_optimizer_checkpoint_from_the_device_resumes_training_anywhere(tmp_path):
+    x, y = _data(6)
+
+    def steps(model, optimizer, device, n):
+        for _ in range(n):
+            optimizer.zero_grad()
+            losses.cross_entropy(model(Tensor(x, device=device)),
+                                 Tensor(y, device=device)).backward()
+            optimizer.step()
+
+    reference = _model(9)
+    ref_opt = T.Adam(reference.parameters(), 0.01)
+    steps(reference, ref_opt, "cpu", 4)
+    for resume_on in ("cpu", "sim"):
+        model = _model(9).to("sim")
+        optimizer = T.Adam(model.parameters(), 0.01)
+        steps(model, optimizer, "sim", 2)
+        T.Checkpoint.save(tmp_path / "run.ckpt", model, optimizer)  # host arrays
+        fresh = _model(10).to(resume_on)
+        fresh_opt = T.Adam(fresh.parameters(), 0.01)
+        T.Checkpoint.load(tmp_path / "run.ckpt", fresh, fresh_opt)
+        steps(fresh, fresh_opt, resume_on, 2)
+        for k, v in reference.state_dict().items():
+            np.testing.assert_allclose(fresh.state_dict()[k].cpu().numpy(), v.numpy(),
+                                       rtol=1e-5, atol=1e-6)
+
+
 # sessions and tracing ------------------------------------------------------------------------
 
 def _traced(tmp_path, device):

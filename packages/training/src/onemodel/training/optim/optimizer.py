@@ -25,6 +25,14 @@ def _follow_parameter(p: Tensor, state: dict, where: dict[int, str]) -> None:
     where[id(p)] = p._device
 
 
+def _host_copy(v: Any, device: str) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    if device != "cpu" and hasattr(v, "shape") and hasattr(v, "dtype"):
+        return devices.to_host(v, device)  # a copy in host memory
+    return v
+
+
 class Optimizer:
     def __init__(self, params: Iterable, defaults: dict[str, Any]):
         self.defaults = dict(defaults)
@@ -90,10 +98,10 @@ class Optimizer:
         return [p for g in self.param_groups for p in g["params"]]
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"state": {index: {name: array or number}}, "param_groups": [...]}`` as in PyTorch."""
+        """``{"state": {index: {name: array or number}}, "param_groups": [...]}`` as in PyTorch;
+        arrays are host (numpy) copies, whatever device the parameters live on."""
         index = {id(p): i for i, p in enumerate(self._params())}
-        state = {index[k]: {n: (v.copy() if isinstance(v, np.ndarray) else v)
-                            for n, v in s.items()}
+        state = {index[k]: {n: _host_copy(v, self._where.get(k, "cpu")) for n, v in s.items()}
                  for k, s in self.state.items() if k in index}
         groups = []
         for g in self.param_groups:
@@ -136,7 +144,7 @@ class Optimizer:
             p = params[int(i)]
             for name, v in s.items():
                 shape = tuple(getattr(v, "shape", ()))
-                if hasattr(v, "__array__") and shape and shape != tuple(p.numpy().shape):
+                if hasattr(v, "__array__") and shape and shape != tuple(p.shape):
                     raise OneModelError(
                         f"optimizer state {name!r} of parameter {i} has shape {list(shape)}, "
                         f"the parameter has {list(p.shape)}"
@@ -153,6 +161,7 @@ class Optimizer:
                 if k != "params":
                     group[k] = tuple(v) if k == "betas" else copy.deepcopy(v)
         self.state = {}
+        self._where.clear()  # loaded state is in host memory; it follows its parameters later
         for i, s in state_dict["state"].items():
             p = params[int(i)]
             self.state[id(p)] = {name: self._state_value(name, v) for name, v in s.items()}
