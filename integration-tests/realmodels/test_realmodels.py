@@ -20,23 +20,14 @@ pytest.importorskip("onnxscript")
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from cases import cases  # noqa: E402
+
 from onemodel.onnx.importer import from_model  # noqa: E402
 from onemodel.runtime import Session  # noqa: E402
 from onemodel.tensors import DimExpr, OneModelError  # noqa: E402
 
 # (model, exporter) -> the reason it cannot pass yet; strict, so it shows when it starts passing
 XFAIL: dict[tuple[str, str], str] = {}
-
-
-def _cases():
-    for name, spec in builders.specs().items():
-        for exporter in builders.EXPORTERS:
-            marks = [pytest.mark.torch]
-            if spec.slow:
-                marks.append(pytest.mark.slow_models)
-            if (name, exporter) in XFAIL:
-                marks.append(pytest.mark.xfail(strict=True, reason=XFAIL[name, exporter]))
-            yield pytest.param(name, exporter, marks=marks, id=f"{name}-{exporter}")
 
 
 def _ort(path):
@@ -46,7 +37,7 @@ def _ort(path):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
+@pytest.mark.parametrize(("name", "exporter"), list(cases(builders.specs(), XFAIL)))
 def test_real_model_loads_symbolic_and_agrees_with_onnxruntime(name, exporter):
     spec = builders.specs()[name]
     path = builders.exported(name, exporter)

@@ -13,8 +13,8 @@ pytest.importorskip("PIL", reason="torchvision imports PIL (scripts/dev.py insta
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-import builders  # noqa: E402
 import torchvision_models as tvm  # noqa: E402
+from cases import cases  # noqa: E402
 
 from onemodel.runtime import Session  # noqa: E402
 from onemodel.tensors import DimExpr  # noqa: E402
@@ -29,18 +29,7 @@ except ImportError as exc:  # pragma: no cover - scripts/dev.py installs it
 XFAIL: dict[tuple[str, str], str] = {}
 
 
-def _cases():
-    for name, spec in tvm.specs().items():
-        for exporter in builders.EXPORTERS:
-            marks = [pytest.mark.torch]
-            if spec.slow:
-                marks.append(pytest.mark.slow_models)
-            if (name, exporter) in XFAIL:
-                marks.append(pytest.mark.xfail(strict=True, reason=XFAIL[name, exporter]))
-            yield pytest.param(name, exporter, marks=marks, id=f"{name}-{exporter}")
-
-
-@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
+@pytest.mark.parametrize(("name", "exporter"), list(cases(tvm.specs(), XFAIL)))
 def test_torchvision_model_loads_symbolic_and_agrees_with_onnxruntime(name, exporter):
     spec = tvm.specs()[name]
     path = tvm.exported(name, exporter)
