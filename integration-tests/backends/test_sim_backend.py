@@ -334,3 +334,27 @@ def test_sizes_only_data_decides_plan_on_the_device_too():
         (want,) = cpu.run({"x": x}, return_numpy=True).values()
         (got,) = sim.run({"x": x}, return_numpy=True).values()
         np.testing.assert_array_equal(got, want)
+
+
+def test_sequence_outputs_come_back_element_by_element():
+    pytest.importorskip("onnx")
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    from onemodel.onnx.importer import from_model
+
+    seq = helper.make_sequence_type_proto(helper.make_tensor_type_proto(TP.FLOAT, None))
+    g = helper.make_graph(
+        [helper.make_node("SplitToSequence", ["x"], ["s"], axis=0),  # no sim kernel: the CPU
+         helper.make_node("Shape", ["x"], ["sh"])],
+        "seq", [helper.make_tensor_value_info("x", TP.FLOAT, [3, 2])],
+        [helper.make_value_info("s", seq), helper.make_tensor_value_info("sh", TP.INT64, [2])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    host = Session(from_model(model), device="sim").run({"x": x}, return_numpy=True)
+    assert [r.tolist() for r in host["s"]] == [[[0.0, 1.0]], [[2.0, 3.0]], [[4.0, 5.0]]]
+    assert host["sh"].tolist() == [3, 2]
+    kept = Session(from_model(model), device="sim", outputs_on_device=True).run({"x": x})
+    assert [t.device for t in kept["s"]] == ["sim"] * 3 and kept["sh"].device == "sim"
+    assert kept["s"][2].tolist() == [[4.0, 5.0]] and kept["sh"].tolist() == [3, 2]

@@ -38,10 +38,19 @@ class DevicePlan(Plan):
                                         profiler)
 
     def _owned(self, results: list, arrays) -> list:
-        if self.keep_on_device:  # copies: an output must not alias a constant or a feed
-            return [r.copy() if hasattr(r, "copy") else r for r in results]
-        return [devices.to_host(r, self.device) if not isinstance(r, np.ndarray) else r.copy()
-                for r in results]
+        return [self._own(r) for r in results]
+
+    def _own(self, r):
+        """An output as the caller gets it: a copy (it must not alias a constant or a feed),
+        in host memory unless the session keeps outputs on the device; sequences element by
+        element, an empty optional as None."""
+        if r is None:
+            return None
+        if isinstance(r, list):
+            return [self._own(x) for x in r]
+        if isinstance(r, np.ndarray):  # a host constant (a size computed when planning)
+            return r.copy() if not self.keep_on_device else devices.to_device(r, self.device)
+        return r.copy() if self.keep_on_device else devices.to_host(r, self.device)
 
 
 def place(plan: Plan, device: str, keep_on_device: bool = False) -> DevicePlan:
@@ -85,10 +94,10 @@ class _DeviceCall:
     dtype of the step's first input (chosen at the first run, then kept), else the CPU kernel
     with transfers."""
 
-    __slots__ = ("attrs", "cpu_call", "dev", "kernel", "op", "static")
+    __slots__ = ("attrs", "cpu_call", "dev", "kernel", "multi", "op", "static")
 
     def __init__(self, step: Step, dev: devices.Device, static: frozenset[int]):
-        self.op, self.dev, self.static = step.op, dev, static
+        self.op, self.dev, self.static, self.multi = step.op, dev, static, step.multi
         self.cpu_call = step.call
         self.attrs = dict(getattr(step.call, "keywords", None) or {})
         self.kernel: Any = None  # None: not chosen yet; False: the CPU fallback
@@ -112,14 +121,14 @@ class _DeviceCall:
                 return self.kernel(*placed, **self.attrs)
         devices.note_fallback(self.dev, self.op)
         out = self.cpu_call(*[_host(a, self.dev.name) for a in args])
-        if isinstance(out, (tuple, list)):
-            return tuple(devices.to_device(np.asarray(o), self.dev.name) for o in out)
-        return devices.to_device(np.asarray(out), self.dev.name)
+        if self.multi:  # several outputs (a list output is one sequence value)
+            return tuple(_to_device(o, self.dev.name) for o in out)
+        return _to_device(out, self.dev.name)
 
     def _choose(self, args):
         first = next((a for a in args if a is not None), None)
         dtype = None
-        if first is not None and first.dtype in _KNOWN:
+        if getattr(first, "dtype", None) in _KNOWN:
             dtype = DType.from_numpy(first.dtype)
         recs = [r for r in registry.get_registry().kernels().get(self.op, ())
                 if r.device == self.dev.name
@@ -146,12 +155,27 @@ def _has_device_kernels(op: str, device: str) -> bool:
 
 
 def _host(a, device: str):
+    """A step's value in host memory: arrays, sequences (lists) element by element, None."""
     if a is None or isinstance(a, np.ndarray):
         return a
+    if isinstance(a, list):
+        return [_host(x, device) for x in a]
     return devices.to_host(a, device)
 
 
 def _here(a, device: str):
-    if isinstance(a, np.ndarray):  # a host constant or scalar read as data
+    """A step's value on the device: host constants and scalars read as data are moved."""
+    if isinstance(a, np.ndarray):
         return devices.to_device(a, device)
+    if isinstance(a, list):
+        return [_here(x, device) for x in a]
     return a
+
+
+def _to_device(v, device: str):
+    """A CPU kernel's output on the device (numpy scalars become arrays; None stays)."""
+    if v is None:
+        return None
+    if isinstance(v, list):
+        return [_to_device(x, device) for x in v]
+    return devices.to_device(np.asarray(v), device)

@@ -176,7 +176,7 @@ class Session:
                                   {"input_shapes": {k: list(a.shape) for k, a in
                                                     zip(self._inputs, arrays)}})
         if self._keep_on_device:
-            return {name: Tensor._wrap(r, self.device) for name, r in zip(wanted, results)}
+            return {name: _wrap(r, self.device) for name, r in zip(wanted, results)}
         if return_numpy:
             return dict(zip(wanted, results))
         return {name: _wrap(r) for name, r in zip(wanted, results)}
@@ -265,14 +265,14 @@ class Session:
 _KNOWN = {d.numpy for d in DType}
 
 
-def _wrap(result):
+def _wrap(result, device: str = "cpu"):
     """A run's output for the caller: a Tensor, a list of Tensors (a sequence), or None (an
     empty optional)."""
     if result is None:
         return None
     if isinstance(result, list):
-        return [Tensor._wrap(r) for r in result]
-    return Tensor._wrap(result)
+        return [Tensor._wrap(r, device) for r in result]
+    return Tensor._wrap(result, device)
 
 
 def _as_value(v, value):
