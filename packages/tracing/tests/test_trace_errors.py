@@ -130,6 +130,14 @@ def test_untraceable_op_is_refused_by_name():
         Tracer(f).trace({"x": Tensor.randn(5, 3)})
 
 
+def test_every_gradient_kernel_is_marked_training_only():
+    # a gradient kernel in a traced graph would export an op no other runtime knows
+    from onemodel.tensors.ops import OPS
+
+    grads = [name for name in OPS if name.endswith("Grad")]
+    assert len(grads) > 10 and [g for g in grads if OPS[g].traceable] == []
+
+
 def test_mode_is_restored_when_tracing_fails():
     class Broken(Module):
         def __init__(self):

@@ -290,7 +290,7 @@ def cum_prod(x, axis, *, exclusive=0, reverse=0):
     return np.flip(out, a) if reverse else out
 
 
-@defop("CumProdGrad", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
+@defop("CumProdGrad", traceable=False, shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
        domain="onemodel")
 def cum_prod_grad(x, axis, dY, *, exclusive=0, reverse=0):
     """Gradient of CumProd without dividing by ``x`` (exact where it holds zeros): with

@@ -731,7 +731,7 @@ def lp_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(
     return out.astype(X.dtype, copy=False)
 
 
-@defop("LpPoolGrad", shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
+@defop("LpPoolGrad", traceable=False, shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype),
        domain="onemodel")
 def lp_pool_grad(X, Y, dY, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(),
                  p=2, pads=None, strides=None):

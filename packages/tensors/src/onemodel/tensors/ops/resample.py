@@ -475,7 +475,7 @@ def _resize_grad_shape(specs, **attrs):
     return TensorSpec(specs[0].shape, same_dtype(specs[:2], FLOATING))
 
 
-@defop("ResizeGrad", shape=_resize_grad_shape, domain="onemodel")
+@defop("ResizeGrad", shape=_resize_grad_shape, domain="onemodel", traceable=False)
 def resize_grad(X, dY, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
                 coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75,
                 exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch",
@@ -675,7 +675,8 @@ def _gs_grad_shape(specs, **attrs):
     return [TensorSpec(x.shape, x.dtype), TensorSpec(grid.shape, grid.dtype)]
 
 
-@defop("GridSampleGrad", shape=_gs_grad_shape, outputs=("dX", "dgrid"), domain="onemodel")
+@defop("GridSampleGrad", shape=_gs_grad_shape, outputs=("dX", "dgrid"), domain="onemodel",
+       traceable=False)
 def grid_sample_grad(X, grid, dY, *, align_corners=0, mode="linear", padding_mode="zeros"):
     """Gradient of GridSample: dY scattered back onto X's taps, and the slope of the
     interpolation along each coordinate (zero for nearest and where border padding clamps)."""
