@@ -83,6 +83,8 @@ class KernelRecord:
     priority: int = 0
     supports: Any = None
     plugin: str = ""
+    # the kernel takes ``out=``: a planned output buffer it fills and returns (see the hookspec)
+    writes_out: bool = False
     _fn: Callable | None = field(default=None, repr=False)
     _supports_fn: Callable | None = field(default=None, repr=False)
 
@@ -316,9 +318,10 @@ def _describe_arrays(inputs) -> str:
     return ", ".join("None" if a is None else f"{a.dtype}{list(a.shape)}" for a in inputs)
 
 
-def _kernel_record(plugin, op, impl, *, device="cpu", dtypes=None, priority=0, supports=None):
+def _kernel_record(plugin, op, impl, *, device="cpu", dtypes=None, priority=0, supports=None,
+                   writes_out=False):
     dts = None if dtypes is None else frozenset(DType.of(d) for d in dtypes)
-    return KernelRecord(op, impl, device, dts, int(priority), supports, plugin)
+    return KernelRecord(op, impl, device, dts, int(priority), supports, plugin, bool(writes_out))
 
 
 def _env_list(name: str) -> set[str] | None:

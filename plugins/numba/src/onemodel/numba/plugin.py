@@ -35,12 +35,15 @@ KERNELS: dict[str, tuple[str, str]] = {
     "FusedElementwise": (f"{_K}.fused:fused_elementwise", f"{_K}.support:same_float"),
 }
 
+# kernels that take ``out=`` (a planned buffer they fill and return; see the hookspec)
+WRITES_OUT: set[str] = set()
+
 
 @hookimpl
 def onemodel_register_kernels(register) -> None:
     for op, (impl, check) in KERNELS.items():
         register(op, impl, device="cpu", dtypes=("F32", "F64"), priority=PRIORITY,
-                 supports=check)
+                 supports=check, writes_out=op in WRITES_OUT)
 
 
 @hookimpl
