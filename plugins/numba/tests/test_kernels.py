@@ -191,6 +191,28 @@ def test_numba_kernel_matches_the_reference(case, contiguous, dtype):
         np.testing.assert_allclose(g, w, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in plugin.WRITES_OUT],
+                         ids=[f"{op}-{i}" for i, (op, _, _) in enumerate(CASES)
+                              if op in plugin.WRITES_OUT])
+def test_out_buffer_is_filled_and_returned(case, dtype):
+    """A kernel listed in WRITES_OUT fills every element of a given ``out`` (a buffer holding
+    NaN beforehand) and returns that very array; strided inputs are still read right."""
+    op, specs, attrs = case
+    impl, check = plugin.KERNELS[op]
+    kernel, supports = registry.resolve(impl), registry.resolve(check)
+    arrays = _inputs(op, specs, attrs, dtype, seed=len(specs) + 7 * len(attrs))
+    if not supports(*arrays, **attrs):
+        assert op in F32_ONLY and dtype != np.float32
+        return
+    want = OPS[op].kernel(*arrays, **attrs)
+    for inputs in (arrays, [_strided(a) for a in arrays]):
+        out = np.full(want.shape, np.nan, dtype)
+        got = kernel(*inputs, **attrs, out=out)
+        assert got is out
+        np.testing.assert_allclose(out, want, **TOL[dtype])
+
+
 def test_every_registered_kernel_is_in_the_table():
     assert {op for op, _, _ in CASES} == set(plugin.KERNELS)
 

@@ -27,22 +27,23 @@ def _gelu(x, out):
         out[q] = 0.5 * v * (1.0 + math.erf(v * _SQRT1_2))
 
 
-def _flat(X):
-    X = np.ascontiguousarray(X)
-    return X, X.reshape(-1)
+def _flat(X, out):
+    if not X.flags.c_contiguous:
+        X = np.ascontiguousarray(X)
+    if out is None:
+        out = np.empty(X.shape, X.dtype)
+    return X.reshape(-1), out
 
 
-def erf(X):
+def erf(X, *, out=None):
     sync_threads()
-    X, flat = _flat(X)
-    out = np.empty_like(X)
+    flat, out = _flat(X, out)
     _erf(flat, out.reshape(-1))
     return out
 
 
-def gelu(X, *, approximate="none"):
+def gelu(X, *, approximate="none", out=None):
     sync_threads()
-    X, flat = _flat(X)
-    out = np.empty_like(X)
+    flat, out = _flat(X, out)
     _gelu(flat, out.reshape(-1))
     return out

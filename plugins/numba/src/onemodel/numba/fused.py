@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.fused import parse_program
 
 from ._jit import sync_threads
@@ -153,19 +154,47 @@ def _kernel(program: tuple, d: int, patterns):
     return fn
 
 
-def fused_elementwise(*inputs, program=()):
-    """Run the chain ``program`` over ``inputs`` (broadcast together) in one pass."""
+# (program, dtype, input shapes) -> what a call needs besides its arrays; one entry per shape
+# signature a session plans, so the broadcast and collapse are worked out once, not per call
+_plans: dict[tuple, tuple] = {}
+_MAX_PLANS = 4096
+
+
+def _plan(key: tuple) -> tuple:
+    program, _, shapes = key
+    try:
+        out_shape = tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ShapeError(f"FusedElementwise: input shapes {', '.join(map(str, shapes))} do not "
+                         f"broadcast together") from None
+    dims, patterns = _collapse(out_shape, shapes)
+    shaped = tuple(tuple(size if f else 1 for size, f in zip(dims, full)) for full in patterns)
+    plan = (out_shape, math.prod(out_shape), dims, shaped, _kernel(program, len(dims), patterns))
+    with _lock:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
+def fused_elementwise(*inputs, program=(), out=None):
+    """Run the chain ``program`` over ``inputs`` (broadcast together) in one pass, into ``out``
+    when given (C-contiguous, of the output's shape and dtype)."""
     sync_threads()
     dtype = inputs[0].dtype
-    out_shape = np.broadcast_shapes(*[a.shape for a in inputs])
-    out = np.empty(out_shape, dtype)
-    if out.size == 0:
+    key = (tuple(program), dtype, tuple([a.shape for a in inputs]))
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plan(key)
+    out_shape, size, dims, shaped, fn = plan
+    if out is None:
+        out = np.empty(out_shape, dtype)
+    if size == 0:
         return out
-    dims, patterns = _collapse(out_shape, [a.shape for a in inputs])
     args = []
-    for a, full in zip(inputs, patterns):
-        shaped = tuple(size if f else 1 for size, f in zip(dims, full))
-        a = np.ascontiguousarray(a, dtype)
-        args.append(a.reshape(shaped))
-    _kernel(tuple(program), len(dims), patterns)(out.reshape(dims), *args)
+    for a, s in zip(inputs, shaped):
+        if a.dtype != dtype or not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a, dtype)
+        args.append(a.reshape(s))
+    fn(out.reshape(dims), *args)
     return out

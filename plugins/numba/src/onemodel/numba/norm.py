@@ -28,7 +28,9 @@ def _affine_planes(x, mul, add, out):
 
 
 @jit(parallel=True)
-def _layer_norm(x, scale, bias, has_bias, eps, rms, out, mean_out, inv_out):
+def _layer_norm(x, scale, bias, has_bias, eps, rms, out, stats, mean_out, inv_out):
+    """Rows of ``x`` normalized into ``out``; with ``stats``, each row's mean and inverse
+    standard deviation stored in ``mean_out`` and ``inv_out`` (of the stash dtype)."""
     rows, width = x.shape
     for r in prange(rows):
         row = x[r]
@@ -48,8 +50,9 @@ def _layer_norm(x, scale, bias, has_bias, eps, rms, out, mean_out, inv_out):
             if has_bias:
                 v += bias[q]
             dst[q] = v
-        mean_out[r] = mean
-        inv_out[r] = inv
+        if stats:
+            mean_out[r] = mean
+            inv_out[r] = inv
 
 
 @jit(parallel=True)
@@ -85,54 +88,72 @@ def _lrn(x, alpha, beta, bias, size, out):
 
 
 def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
-                        training_mode=0):
+                        training_mode=0, out=None):
     sync_threads()
-    X = np.ascontiguousarray(X)
+    if not X.flags.c_contiguous:
+        X = np.ascontiguousarray(X)
     inv = 1.0 / np.sqrt(input_var.astype(np.float64) + epsilon)
     mul = (scale * inv.astype(X.dtype)).astype(X.dtype)
     add = (B - input_mean * mul).astype(X.dtype)
-    out = np.empty_like(X)
+    if out is None:
+        out = np.empty_like(X)
     _affine_planes(_planes(X), mul, add, _planes(out))
     return out
 
 
+_NO_STATS = np.empty(0)  # the statistics arrays of a call that keeps none (never written)
+
+
 def _planes(X):
     """(N, C, everything else) without -1, so empty batches reshape too."""
-    return X.reshape(X.shape[0], X.shape[1], int(np.prod(X.shape[2:], dtype=np.int64)))
+    return X.reshape(X.shape[0], X.shape[1], math.prod(X.shape[2:]))
 
 
-def _rows(X, axis):
-    a = axis % X.ndim
-    return a, int(np.prod(X.shape[:a], dtype=np.int64)), int(np.prod(X.shape[a:], dtype=np.int64))
+def _param(P, shape, width, dtype):
+    """A Scale or B broadcast over the normalized axes, as a contiguous row of ``width``:
+    the array itself when it already is one (the usual 1-D weight), no copy."""
+    if P.shape == (width,) and P.dtype == dtype and P.flags.c_contiguous:
+        return P
+    return np.ascontiguousarray(np.broadcast_to(P, shape), dtype).reshape(width)
 
 
 def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     sync_threads()
-    X = np.ascontiguousarray(X)
-    a, rows, width = _rows(X, axis)
-    scale = np.ascontiguousarray(np.broadcast_to(Scale, X.shape[a:]), X.dtype).reshape(-1)
-    bias = scale[:0] if B is None else np.ascontiguousarray(
-        np.broadcast_to(B, X.shape[a:]), X.dtype).reshape(-1)
-    out = np.empty_like(X)
-    stash = np.float32 if stash_type == 1 else X.dtype
-    mean = np.empty(rows, np.float64)
-    inv = np.empty(rows, np.float64)
+    shape = X.shape
+    nd = len(shape)
+    a = axis + nd if axis < 0 else axis
+    rows, width = math.prod(shape[:a]), math.prod(shape[a:])
+    dtype = X.dtype
+    if not X.flags.c_contiguous:
+        X = np.ascontiguousarray(X)
+    tail = shape[a:]
+    scale = _param(Scale, tail, width, dtype)
+    bias = scale if B is None else _param(B, tail, width, dtype)
+    out = np.empty(shape, dtype)
+    stash = np.float32 if stash_type == 1 else dtype
+    stats = shape[:a] + (1,) * (nd - a)
+    mean = np.empty(stats, stash)
+    inv = np.empty(stats, stash)
     _layer_norm(X.reshape(rows, width), scale, bias, B is not None, float(epsilon), False,
-                out.reshape(rows, width), mean, inv)
-    stats = X.shape[:a] + (1,) * (X.ndim - a)
-    return out, mean.astype(stash).reshape(stats), inv.astype(stash).reshape(stats)
+                out.reshape(rows, width), True, mean.reshape(rows), inv.reshape(rows))
+    return out, mean, inv
 
 
-def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
+def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, out=None):
     sync_threads()
-    X = np.ascontiguousarray(X)
-    a, rows, width = _rows(X, axis)
-    sc = np.ascontiguousarray(np.broadcast_to(scale, X.shape[a:]), X.dtype).reshape(-1)
-    out = np.empty_like(X)
-    mean = np.empty(rows, np.float64)
-    inv = np.empty(rows, np.float64)
-    _layer_norm(X.reshape(rows, width), sc, sc[:0], False, float(epsilon), True,
-                out.reshape(rows, width), mean, inv)
+    shape = X.shape
+    nd = len(shape)
+    a = axis + nd if axis < 0 else axis
+    rows, width = math.prod(shape[:a]), math.prod(shape[a:])
+    dtype = X.dtype
+    if not X.flags.c_contiguous:
+        X = np.ascontiguousarray(X)
+    sc = _param(scale, shape[a:], width, dtype)
+    if out is None:
+        out = np.empty(shape, dtype)
+    flat = out.reshape(rows, width)
+    _layer_norm(X.reshape(rows, width), sc, sc, False, float(epsilon), True, flat, False,
+                _NO_STATS, _NO_STATS)
     return out
 
 

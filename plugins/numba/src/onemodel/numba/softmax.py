@@ -166,27 +166,42 @@ def _softmax_f64(x, out, log):
                 dst[q] *= inv
 
 
-def _run(X, axis, log):
+def _run(X, axis, log, out):
     sync_threads()
-    a = axis % X.ndim
-    last = a == X.ndim - 1
-    Xl = np.ascontiguousarray(X if last else np.moveaxis(X, a, -1))
-    out = np.empty(Xl.shape, X.dtype)
-    if out.size:
-        width = Xl.shape[-1]
-        x2 = Xl.reshape(-1, width)
+    nd = X.ndim
+    a = axis + nd if axis < 0 else axis
+    if a == nd - 1:  # the usual case: rows along the last axis, written straight into out
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        if out is None:
+            out = np.empty(X.shape, X.dtype)
+        dst = out
+    else:
+        X = np.ascontiguousarray(np.moveaxis(X, a, -1))
+        dst = np.empty(X.shape, X.dtype)
+    if dst.size:
+        width = X.shape[-1]
+        x2 = X.reshape(-1, width)
         if X.dtype == np.float32:
-            _softmax_f32(x2, out.reshape(-1, width), log)
+            _softmax_f32(x2, dst.reshape(-1, width), log)
         else:
-            _softmax_f64(x2, out.reshape(-1, width), log)
-    return out if last else np.ascontiguousarray(np.moveaxis(out, -1, a))
+            _softmax_f64(x2, dst.reshape(-1, width), log)
+    if dst is out:
+        return out
+    back = np.moveaxis(dst, -1, a)
+    if out is None:
+        return np.ascontiguousarray(back)
+    out[...] = back
+    return out
 
 
-def softmax(input, *, axis=-1):
-    """ONNX Softmax (opset 13 semantics: over one axis) for float32/float64."""
-    return _run(input, axis, False)
+def softmax(input, *, axis=-1, out=None):
+    """ONNX Softmax (opset 13 semantics: over one axis) for float32/float64, into ``out``
+    when given."""
+    return _run(input, axis, False, out)
 
 
-def log_softmax(input, *, axis=-1):
-    """ONNX LogSoftmax (opset 13 semantics: over one axis) for float32/float64."""
-    return _run(input, axis, True)
+def log_softmax(input, *, axis=-1, out=None):
+    """ONNX LogSoftmax (opset 13 semantics: over one axis) for float32/float64, into ``out``
+    when given."""
+    return _run(input, axis, True, out)
