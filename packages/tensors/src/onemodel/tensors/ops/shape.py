@@ -3,6 +3,8 @@ Split, Slice, Gather, Pad, Shape, OneHot, and the scatter ops their gradients us
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..dtype import DType
@@ -83,10 +85,9 @@ def _flatten_shape(specs, *, axis=1):
        grad=lambda ctx, g: g.reshape(*ctx.inputs[0].shape))
 def flatten(input, *, axis=1):
     """ONNX Flatten: a 2-D view, the axes before ``axis`` in the first dimension."""
-    a = axis % input.ndim if input.ndim and axis < 0 else axis
-    return input.reshape(int(np.prod(input.shape[:a], dtype=np.int64)), -1) if input.size else \
-        input.reshape(int(np.prod(input.shape[:a], dtype=np.int64)),
-                      int(np.prod(input.shape[a:], dtype=np.int64)))
+    shape = input.shape
+    a = axis % len(shape) if shape and axis < 0 else axis
+    return input.reshape(math.prod(shape[:a]), math.prod(shape[a:]))
 
 
 # Transpose -----------------------------------------------------------------------------------
@@ -110,7 +111,7 @@ def _transpose_grad(ctx, g):
 
 @defop("Transpose", shape=_transpose_shape, grad=_transpose_grad)
 def transpose(data, *, perm=None):
-    return np.transpose(data, _perm(data.ndim, perm))
+    return data.transpose() if perm is None else data.transpose(perm)
 
 
 # Squeeze / Unsqueeze ---------------------------------------------------------------------------
@@ -175,7 +176,21 @@ def _expand_shape(specs):
 @defop("Expand", foldable=False, shape=_expand_shape, static=("shape",),
        grad=lambda ctx, g: (unbroadcast(g, ctx.inputs[0].shape), None))
 def expand(input, shape):
-    out = np.broadcast_shapes(input.shape, tuple(int(s) for s in shape))
+    src, target = input.shape, tuple(shape.tolist())
+    n = max(len(src), len(target))
+    out = []
+    for d, t in zip((1,) * (n - len(src)) + src, (1,) * (n - len(target)) + target):
+        if d != t and d != 1 and t != 1:
+            raise ShapeError(f"Expand: input shape {list(src)} does not broadcast to "
+                             f"{list(target)}")
+        out.append(d if t == 1 else t)
+    out = tuple(out)
+    if out == src:
+        return input.view()
+    if math.prod(out) <= 4096:  # small: a copy costs less than np.broadcast_to's set-up
+        dst = np.empty(out, input.dtype)
+        dst[...] = input
+        return dst
     return np.broadcast_to(input, out)
 
 
@@ -422,9 +437,8 @@ def _gather_value(in_specs, values, attrs):
 
 @defop("Gather", symbolic_value=_gather_value, shape=_gather_shape, grad=_gather_grad)
 def gather(data, indices, *, axis=0):
-    a = axis % data.ndim
-    idx = np.where(indices < 0, indices + data.shape[a], indices)
-    return np.take(data, idx, axis=a)
+    # np.take counts negative indices from the end, as ONNX does, and refuses out-of-range ones
+    return np.take(data, indices, axis=axis % data.ndim)
 
 
 def _gather_grad_shape(specs, *, axis=0):
