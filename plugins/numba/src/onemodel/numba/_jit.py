@@ -1,26 +1,68 @@
 """The numba side shared by every kernel module: the decorator (on-disk cache on, compiled
 lazily per dtype signature), serial or parallel per call, and the thread count kept in step with
 ``onemodel.tensors.threads``. Importing this module imports numba; the plugin's hook module
-never does."""
+never does.
+
+OpenMP workers must sleep, not spin, between kernels: most kernels run serially, the BLAS runs
+its own threads on the same cores, and a spinning worker takes a core from them. libgomp reads
+``OMP_WAIT_POLICY`` once, when it is loaded, so this module sets it to ``PASSIVE`` (unless the
+user set it) before numba can load libgomp. When another library (PyTorch) loaded libgomp first,
+that is too late: numba's OpenMP threading layer would share that libgomp and its workers would
+spin after every parallel kernel. Then numba is steered to a threading layer that is not
+OpenMP (TBB where installed, else its own workqueue, whose workers block between kernels)."""
 
 from __future__ import annotations
 
 import os
+import threading
+import types
 
-# numba's OpenMP workers must sleep, not spin, between kernels: the BLAS runs its own threads
-# on the same cores. libgomp reads this once, when it is loaded (numba's import can load it),
-# so it is set here, unless the user set it; it also applies to other OpenMP users in the
-# process (PyTorch), which is why the training benchmark sets its own value first.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+_POLICY = "OMP_WAIT_POLICY"
 
-import numba
-from onemodel.tensors import threads
+
+def _libgomp_loaded() -> bool:
+    """Whether an OpenMP runtime of the GNU kind is mapped into this process already."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            return any("libgomp" in line for line in f)
+    except OSError:  # not Linux: no /proc; libgomp is a Linux runtime anyway
+        return False
+
+
+# True: numba must not use its OpenMP layer (libgomp loaded before we could make it passive)
+AVOID_OPENMP = _libgomp_loaded() and os.environ.get(_POLICY, "").strip().upper() != "PASSIVE"
+os.environ.setdefault(_POLICY, "PASSIVE")
+
+import numba  # noqa: E402
+from onemodel.tensors import threads  # noqa: E402
+
+if AVOID_OPENMP and numba.config.THREADING_LAYER == "default":
+    # read when numba's pool starts (the first parallel call or set_num_threads), not before;
+    # numba wants every layer named, so OpenMP goes last (workqueue is always there)
+    numba.config.THREADING_LAYER_PRIORITY = [
+        *(layer for layer in numba.config.THREADING_LAYER_PRIORITY if layer != "omp"), "omp"]
 
 _applied = -1
 _launched = False  # numba's thread pool started (by a setting above one thread)
 _parallel = False  # more than one thread: parallel variants are worth their start-up
+# the workqueue layer aborts the process when two threads launch parallel kernels at once; with
+# it, a parallel kernel runs only while it holds this lock (another caller runs serially)
+_exclusive: threading.Lock | None = None
 # bytes touched below which a kernel runs serially even with threads to spare
 PARALLEL_MIN_BYTES = 1 << 18
+
+
+def _renamed(fn, suffix: str):
+    """``fn`` under another qualified name. numba's on-disk cache keys a function by its name,
+    source line, bytecode and signature, not by its compile options: compiled from one
+    function, the serial and the parallel variant would load each other's machine code (the
+    serial variant then started OpenMP regions). A name per variant keeps their entries apart."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    copy.__qualname__ = f"{fn.__qualname__}__{suffix}"
+    copy.__module__ = fn.__module__
+    copy.__doc__ = fn.__doc__
+    return copy
 
 
 def jit(parallel: bool = False, fastmath=False):
@@ -30,20 +72,20 @@ def jit(parallel: bool = False, fastmath=False):
     vector lanes; kernels pass only flags that keep NaN and infinity semantics."""
     def wrap(fn):
         opts = dict(cache=True, nogil=True, error_model="numpy", fastmath=fastmath)
-        serial = numba.njit(**opts)(fn)
         if not parallel:
-            return serial
-        return _Dual(serial, numba.njit(parallel=True, **opts)(fn))
+            return numba.njit(**opts)(fn)
+        return _Dual(numba.njit(**opts)(_renamed(fn, "serial")),
+                     numba.njit(parallel=True, **opts)(_renamed(fn, "parallel")), fn)
     return wrap
 
 
 class _Dual:
     """A kernel compiled twice: serially for small calls and one thread, in parallel else."""
 
-    def __init__(self, serial, parallel):
+    def __init__(self, serial, parallel, py_func):
         self.serial = serial
         self.parallel = parallel
-        self.py_func = serial.py_func
+        self.py_func = py_func
 
     def __call__(self, *args):
         if _parallel:
@@ -51,19 +93,28 @@ class _Dual:
             for a in args:
                 size += getattr(a, "nbytes", 0)
             if size >= PARALLEL_MIN_BYTES:
-                return self.parallel(*args)
+                lock = _exclusive
+                if lock is None:
+                    return self.parallel(*args)
+                if lock.acquire(blocking=False):
+                    try:
+                        return self.parallel(*args)
+                    finally:
+                        lock.release()
         return self.serial(*args)
 
 
 def sync_threads() -> None:
     """Size numba's pool to the process's thread setting, when that setting changed. With one
     thread only serial variants run, so the pool is not even started."""
-    global _applied, _parallel, _launched
+    global _applied, _parallel, _launched, _exclusive
     if _applied != threads.generation or _applied < 0:
         n = min(threads.num_threads(), numba.config.NUMBA_NUM_THREADS)
         if n > 1:
             numba.set_num_threads(n)
             _launched = True
+            if numba.threading_layer() == "workqueue" and _exclusive is None:
+                _exclusive = threading.Lock()
         elif _launched:
             numba.set_num_threads(1)
         _parallel = n > 1
