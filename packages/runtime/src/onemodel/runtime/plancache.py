@@ -2,7 +2,11 @@
 out first, safe to use from several threads.
 
 A hit takes one short lock (dict lookup, move to the end). A miss builds the plan under a second
-lock, so concurrent misses on one key build it once and hits never wait for a build."""
+lock, so concurrent misses on one key build it once and hits never wait for a build.
+
+A plan's bytes can grow after it is kept (its pool keeps another set of planned buffers when
+runs overlap, see buffers.py): each hit re-reads ``Plan.nbytes`` and evicts if the bound is
+passed."""
 
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ class PlanCache:
     def __init__(self, max_plans: int = 32, max_bytes: int = 256 << 20):
         self.max_plans = max_plans
         self.max_bytes = max_bytes
-        self._plans: OrderedDict[Hashable, tuple[Plan, int]] = OrderedDict()
+        # key -> (plan, bytes counted for it, bytes of the key itself)
+        self._plans: OrderedDict[Hashable, tuple[Plan, int, int]] = OrderedDict()
         self._nbytes = 0
         self._hits = self._builds = self._evictions = 0
         self._lock = threading.Lock()
@@ -47,7 +52,13 @@ class PlanCache:
                 return None
             self._plans.move_to_end(key)
             self._hits += 1
-            return entry[0]
+            plan, counted, extra = entry
+            now = plan.nbytes + extra
+            if now != counted:  # its buffer pool grew since
+                self._plans[key] = (plan, now, extra)
+                self._nbytes += now - counted
+                self._evict()
+            return plan
 
     def get_or_build(self, key: Hashable, build: Callable[..., Plan], *args) -> Plan:
         """The plan under ``key``; on a miss, ``build(*args)`` makes it (once, even when several
@@ -66,8 +77,9 @@ class PlanCache:
             return plan
 
     def _insert(self, key: Hashable, plan: Plan) -> None:
-        size = plan.nbytes + key_bytes(key)
-        self._plans[key] = (plan, size)
+        extra = key_bytes(key)
+        size = plan.nbytes + extra
+        self._plans[key] = (plan, size, extra)
         self._nbytes += size
         self._evict()
 
@@ -79,7 +91,7 @@ class PlanCache:
     def _evict(self) -> None:
         while self._plans and (len(self._plans) > self.max_plans
                                or self._nbytes > self.max_bytes):
-            _, (_, dropped) = self._plans.popitem(last=False)
+            _, (_, dropped, _) = self._plans.popitem(last=False)
             self._nbytes -= dropped
             self._evictions += 1
 
@@ -95,7 +107,7 @@ class PlanCache:
 
     def values(self) -> Iterator[Plan]:
         with self._lock:
-            plans = [p for p, _ in self._plans.values()]
+            plans = [p for p, _, _ in self._plans.values()]
         return iter(plans)
 
     def __len__(self) -> int:

@@ -4,7 +4,8 @@
 (Shape and the arithmetic on it, so symbolic Reshape targets become plain constants), picks a
 kernel per node from the registry, and lays values out in numbered slots. Liveness analysis
 releases each intermediate right after its last reader, so the allocator reuses its memory for
-later values. The result is a flat list of steps.
+later values. Steps whose kernel writes ``out=`` get planned output buffers, reused from run to
+run once the value held there is dead (buffers.py). The result is a flat list of steps.
 
 What ``Plan.execute`` guarantees, whatever the kernels do: outputs are arrays the caller owns
 (none shares memory with an input, a constant of the plan, or another output), and any error a
@@ -37,6 +38,8 @@ from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.base import UnknownValueError
 from onemodel.tensors.ops.sequence import OptionalSpec, SequenceSpec, accepts_values, spec_of_value
 
+from . import buffers as _buffers
+from .buffers import BufferPool, BufferSet
 from .graph import Graph, GraphError, ValueInfo, small_value
 from .guards import check_guards
 
@@ -61,6 +64,7 @@ class Step:
     ins: tuple[int, ...] = ()
     node: str = ""  # the node's name and op, for profiles
     op: str = ""
+    buf: int = -1  # the planned buffer its kernel writes (``out=``), or -1: it allocates
 
 
 @dataclass
@@ -77,6 +81,14 @@ class Plan:
     # ids of the memory a plan keeps across runs (the template's arrays; reused buffers belong
     # here too): an output on it is copied, so no caller ever holds the session's memory
     const_roots: frozenset[int] = frozenset()
+    # the planned output buffers (buffers.py), or None. Not a dataclass field: a plan placed on
+    # another device (placement.place copies the fields) runs without them
+    _pool = None
+
+    @property
+    def buffer_pool(self) -> BufferPool | None:
+        """The pool of this plan's planned output buffers (None: every step allocates)."""
+        return self._pool
 
     def _slots(self, arrays: Sequence[np.ndarray]) -> list:
         """The slot values a run starts from: the template with the feeds in place."""
@@ -86,6 +98,8 @@ class Plan:
         return vals
 
     def execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if self._pool is not None:
+            return self._execute_buffered(arrays)
         vals = self._slots(arrays)
         step = None
         try:
@@ -106,16 +120,81 @@ class Plan:
             raise step_failure(step, vals, exc) from exc
         return self._owned([vals[s] for _, s in self.outputs], arrays)
 
+    def _checkout(self) -> BufferSet:
+        """A buffer set for one run; a set the pool newly keeps adds to ``nbytes``."""
+        pool = self._pool
+        bufs, grew = pool.checkout()
+        if grew:  # the first set is counted from the start
+            with pool.lock:
+                self.nbytes += pool.set_nbytes
+        return bufs
+
+    def _execute_buffered(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``execute`` with the planned buffers of one checked-out set, given back at the end
+        (also when a kernel fails)."""
+        bufs = self._checkout()
+        try:
+            views = bufs.views
+            vals = self._slots(arrays)
+            step = None
+            try:
+                for step in self.steps:
+                    k = step.buf
+                    if k < 0:
+                        if step.single_input:
+                            out = step.call(step.gather(vals))
+                        else:
+                            out = step.call(*step.gather(vals))
+                    else:
+                        buf = views[k]
+                        if step.single_input:
+                            out = step.call(step.gather(vals), out=buf)
+                        else:
+                            out = step.call(*step.gather(vals), out=buf)
+                        if out is not buf:  # a kernel that broke the out= contract: still right
+                            buf[...] = out
+                            out = buf
+                    outs = step.outs
+                    if not step.multi:
+                        vals[outs[0]] = out
+                    else:
+                        for slot, value in zip(outs, out):
+                            vals[slot] = value
+                    for slot in step.release:
+                        vals[slot] = None
+            except Exception as exc:
+                raise step_failure(step, vals, exc) from exc
+            return self._owned([vals[s] for _, s in self.outputs], arrays, bufs.roots)
+        finally:
+            self._pool.checkin(bufs)
+
     def execute_profiled(self, arrays: Sequence[np.ndarray], profiler) -> list[np.ndarray]:
         """``execute``, recording each step's time in ``profiler`` (profiling.Profiler)."""
+        if self._pool is None:
+            return self._execute_profiled(arrays, profiler, None)
+        bufs = self._checkout()
+        try:
+            return self._execute_profiled(arrays, profiler, bufs)
+        finally:
+            self._pool.checkin(bufs)
+
+    def _execute_profiled(self, arrays, profiler, bufs: BufferSet | None) -> list[np.ndarray]:
         clock = profiler.now_us
         vals = self._slots(arrays)
         step = None
         try:
             for step in self.steps:
                 start = clock()
-                out = (step.call(step.gather(vals)) if step.single_input
-                       else step.call(*step.gather(vals)))
+                if bufs is None or step.buf < 0:
+                    out = (step.call(step.gather(vals)) if step.single_input
+                           else step.call(*step.gather(vals)))
+                else:
+                    buf = bufs.views[step.buf]
+                    out = (step.call(step.gather(vals), out=buf) if step.single_input
+                           else step.call(*step.gather(vals), out=buf))
+                    if out is not buf:
+                        buf[...] = out
+                        out = buf
                 if not step.multi:
                     vals[step.outs[0]] = out
                 else:
@@ -128,12 +207,15 @@ class Plan:
                     vals[slot] = None
         except Exception as exc:
             raise step_failure(step, vals, exc) from exc
-        return self._owned([vals[s] for _, s in self.outputs], arrays)
+        return self._owned([vals[s] for _, s in self.outputs], arrays,
+                           bufs.roots if bufs is not None else frozenset())
 
-    def _owned(self, results: list, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def _owned(self, results: list, arrays: Sequence[np.ndarray],
+               buffers: frozenset[int] = frozenset()) -> list[np.ndarray]:
         """``results`` as arrays the caller owns: a result on the memory of an input, of a
-        constant, or of an earlier result (a view, or the array itself) is copied."""
-        consts = self.const_roots
+        constant, of a planned buffer (``buffers``: the ids of this run's arenas), or of an
+        earlier result (a view, or the array itself) is copied."""
+        consts = self.const_roots | buffers if buffers else self.const_roots
         fed = None
         seen: set[int] = set()
         owned = []
@@ -240,7 +322,8 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[st
 
 def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
               wanted: Sequence[str], values: Mapping[str, np.ndarray] | None = None,
-              symbolic: Mapping[str, TensorSpec | None] | None = None) -> Plan:
+              symbolic: Mapping[str, TensorSpec | None] | None = None,
+              buffers: bool | None = None) -> Plan:
     """The plan for these input shapes; ``values`` holds the inputs whose values shapes depend
     on (``Graph.value_inputs``): they are constants of this plan. ``symbolic`` (the specs of
     ``graph.validate(allow_unknown=True)``) settles shapes that zero-size inputs leave open.
@@ -250,7 +333,11 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
 
     Inputs that are sequences or optionals (``ValueInfo.kind``) give their spec in ``shapes``
     (``spec_of_value`` of the value fed). Nodes after one whose output sizes depend on data go
-    to a :class:`Continuation` (see the module's docstring)."""
+    to a :class:`Continuation` (see the module's docstring).
+
+    ``buffers``: whether steps whose kernel writes ``out=`` get output buffers reused from run
+    to run (see buffers.py); None reads ``ONEMODEL_PLANNED_BUFFERS`` (default on)."""
+    buffers = _buffers.enabled(buffers)
     bindings = bind_symbols(graph, shapes)
     check_guards(graph, bindings)
     slot_of: dict[str, int] = {"": 0}  # slot 0: an omitted input; slot 1: unnamed outputs
@@ -332,18 +419,23 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         pending.append((n, in_specs, out_specs))
 
     steps_src = []
+    candidates: dict[int, tuple[tuple[int, ...], np.dtype]] = {}  # step -> its out= buffer
     for n, in_specs, out_specs in pending:
         named = [spec for spec, name in zip(out_specs or (), n.outputs) if name]
         if named and all(isinstance(spec, TensorSpec) and _size(spec) == 0 for spec in named):
             steps_src.append((n, _empties(n, out_specs), (), tuple(slot(o) if o else 1
                                                                    for o in n.outputs)))
             continue
-        kernel = _choose_kernel(n, in_specs)
+        kernel, writes_out = _choose_kernel(n, in_specs)
         ins = tuple(slot(i) if i else 0 for i in n.inputs)
         outs = tuple(slot(o) if o else 1 for o in n.outputs)
+        if buffers and writes_out and _bufferable(n, out_specs):
+            spec = out_specs[0]
+            candidates[len(steps_src)] = (tuple(int(d) for d in spec.shape),
+                                          np.dtype(spec.dtype.numpy))
         steps_src.append((n, kernel, ins, outs))
     if rest:
-        cont = Continuation(pending[-1][0], rest, graph, specs, consts, wanted)
+        cont = Continuation(pending[-1][0], rest, graph, specs, consts, wanted, buffers)
         ins = tuple(slot(name) for name in cont.live)
         outs = tuple(slot(name) for name in cont.wanted)
         steps_src.append((cont, cont, ins, outs))
@@ -360,6 +452,12 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         if s > 1 and s not in keep:
             release_at.setdefault(k, []).append(s)
 
+    layout = None
+    if candidates:
+        io = [(ins, outs, isinstance(n, Continuation)) for n, _, ins, outs in steps_src]
+        layout = _buffers.assign(io, candidates, {slot_of[w] for w in wanted})
+    buf_of = {s.step: i for i, s in enumerate(layout.slots)} if layout is not None else {}
+
     steps = []
     for k, (n, kernel, ins, outs) in enumerate(steps_src):
         if isinstance(n, Continuation):
@@ -369,18 +467,39 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
             continue
         attrs = n.attrs if ins else None  # an empties step takes neither inputs nor attributes
         call = partial(kernel, **attrs) if attrs else kernel
+        if layout is not None and k in layout.escaping:
+            call = _buffers.fresh_out(call, *candidates[k])
         gather = itemgetter(*ins) if ins else (lambda vals: ())
         multi = len(OPS[n.op].outputs) > 1 or OPS[n.op].outputs[0].endswith("...")
         steps.append(Step(call, gather, len(ins) == 1, multi, outs,
-                          tuple(release_at.get(k, ())), n.label(), ins, n.name, n.op))
+                          tuple(release_at.get(k, ())), n.label(), ins, n.name, n.op,
+                          buf_of.get(k, -1)))
     outputs = [(w, slot_of[w]) for w in wanted]
     own = sum(v.nbytes for k, v in consts.items() if k not in graph.initializers)
+    if layout is not None:
+        own += layout.nbytes  # the first buffer set, made at the first run
     roots = frozenset(id(r) for r in (memory_root(v) for v in template
                                       if isinstance(v, np.ndarray)) if r is not None)
-    return Plan(template, [(v.name, slot_of[v.name]) for v in graph.inputs], outputs, steps,
+    plan = Plan(template, [(v.name, slot_of[v.name]) for v in graph.inputs], outputs, steps,
                 {k: tuple(int(d) for d in s.shape) for k, s in specs.items()
                  if isinstance(s, TensorSpec)}, bindings,
                 own, roots)
+    if layout is not None:
+        plan._pool = BufferPool(layout)
+    return plan
+
+
+def _bufferable(n, out_specs) -> bool:
+    """Whether a node's output can go to a planned buffer: one named tensor output, of known
+    nonzero size, of an op with one output."""
+    if len(n.outputs) != 1 or not n.outputs[0] or not out_specs or len(out_specs) != 1:
+        return False
+    op = OPS[n.op]
+    if len(op.outputs) != 1 or op.outputs[0].endswith("..."):
+        return False
+    spec = out_specs[0]
+    return isinstance(spec, TensorSpec) and _size(spec) > 0 and \
+        all(not isinstance(d, DimExpr) for d in spec.shape)
 
 
 def _unbound(out_specs) -> bool:
@@ -399,7 +518,9 @@ class Continuation:
 
     MAX_PLANS = 16
 
-    def __init__(self, after, nodes, graph: Graph, specs, consts, wanted):
+    def __init__(self, after, nodes, graph: Graph, specs, consts, wanted,
+                 buffers: bool | None = None):
+        self.buffers = buffers
         self.name = after.name
         self.op = after.op
         self.after = after.label()
@@ -450,7 +571,7 @@ class Continuation:
                       for v, x in zip(g.inputs, values)}
             fixed = {self.live[i]: np.array(values[i], copy=True) for i in self._value_inputs}
             g.inputs = [v for v in g.inputs if v.name not in fixed]
-            plan = make_plan(g, shapes, self.wanted, fixed)
+            plan = make_plan(g, shapes, self.wanted, fixed, buffers=self.buffers)
             with self._lock:
                 self.builds += 1
                 self._plans[key] = plan
@@ -547,18 +668,21 @@ def _inputs_known(n, consts) -> bool:
     return all((not i) or i in consts for i in n.inputs)
 
 
-def _choose_kernel(n, in_specs):
+def _choose_kernel(n, in_specs) -> tuple[Any, bool]:
+    """The node's kernel (registry.choose_kernel_record, the one place kernels are chosen) and
+    whether it writes ``out=``."""
     if accepts_values(n.op):  # sequences, optionals, subgraphs: the op's own kernel only
-        return OPS[n.op].kernel
+        return OPS[n.op].kernel, False
     if any(s is not None and not isinstance(s, TensorSpec) for s in in_specs):
         if n.op == "Identity":
-            return _identity_value
+            return _identity_value, False
         raise GraphError(f"{n.label()}: {n.op} takes tensors, not sequences or optionals")
     fakes = [None if s is None else _fake(s) for s in in_specs]
     try:
-        return registry.choose_kernel(n.op, DEVICE, fakes, n.attrs)
+        rec = registry.choose_kernel_record(n.op, DEVICE, fakes, n.attrs)
     except OneModelError as exc:
         raise GraphError(f"{n.label()}: {exc}") from None
+    return rec.function(), rec.writes_out
 
 
 def _identity_value(value):

@@ -17,6 +17,7 @@ import numpy as np
 from onemodel.tensors import DimExpr, DType, OneModelError, Tensor, devices, registry
 from onemodel.tensors import threads as _threads
 
+from . import buffers as _buffers
 from .graph import Graph
 from .passes import PassManager
 from .placement import place
@@ -52,11 +53,16 @@ class Session:
     ``device`` (``"cpu"``, or a device a backend plugin registers, such as ``"cuda"``) is where
     the plans run: initializers are placed there once, feeds move there at each run, and
     outputs come back to host memory, or stay on the device as Tensors of that device with
-    ``outputs_on_device=True`` (see ``onemodel.runtime.placement``)."""
+    ``outputs_on_device=True`` (see ``onemodel.runtime.placement``).
+
+    ``planned_buffers`` (default: ``ONEMODEL_PLANNED_BUFFERS``, else on): kernels that write
+    ``out=`` get output buffers the plan reuses from run to run, so steady-state runs at one
+    shape make no new arrays for them (see ``onemodel.runtime.buffers``); ``False`` makes every
+    step allocate its outputs."""
 
     def __init__(self, graph: Graph, *, optimize: bool = True, threads: int | None = None,
                  optimization_level: str = "all", profile: bool = False, device: str = "cpu",
-                 outputs_on_device: bool = False):
+                 outputs_on_device: bool = False, planned_buffers: bool | None = None):
         if optimization_level not in OPTIMIZATION_LEVELS:
             raise OneModelError(f"optimization_level must be one of {', '.join(OPTIMIZATION_LEVELS)}"
                                 f", not {optimization_level!r}")
@@ -87,6 +93,7 @@ class Session:
         self.device = devices.normalize(device)
         devices.get_device(self.device)  # an unknown device fails here, naming it
         self._keep_on_device = bool(outputs_on_device) and self.device != "cpu"
+        self.planned_buffers = _buffers.enabled(planned_buffers)
 
     @property
     def max_plans(self) -> int:
@@ -114,12 +121,13 @@ class Session:
     def load(cls, path_or_graph: str | os.PathLike | Graph, *, optimize: bool = True,
              threads: int | None = None, optimization_level: str = "all",
              profile: bool = False, device: str = "cpu",
-             outputs_on_device: bool = False) -> Session:
+             outputs_on_device: bool = False, planned_buffers: bool | None = None) -> Session:
         """A session over a graph, or over the graph in a file (``.onemodel``, ``.onnx``, or any
         installed format, chosen by extension and then by content). Options as for ``Session``."""
         options = {"optimize": optimize, "threads": threads,
                    "optimization_level": optimization_level, "profile": profile,
-                   "device": device, "outputs_on_device": outputs_on_device}
+                   "device": device, "outputs_on_device": outputs_on_device,
+                   "planned_buffers": planned_buffers}
         if isinstance(path_or_graph, Graph):
             return cls(path_or_graph, **options)
         from .serializers import load
@@ -256,7 +264,8 @@ class Session:
                   for v, a in zip(self.graph.inputs, arrays)}
         values = {self.graph.inputs[i].name: np.array(arrays[i], copy=True)
                   for i in self._value_inputs}
-        plan = make_plan(self.graph, shapes, wanted, values, self._specs)
+        plan = make_plan(self.graph, shapes, wanted, values, self._specs,
+                         buffers=self.planned_buffers and self.device == "cpu")
         if self.device == "cpu":
             return plan
         return place(plan, self.device, self._keep_on_device)

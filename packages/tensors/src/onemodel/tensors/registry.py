@@ -292,20 +292,26 @@ class Registry:
 
 def choose_kernel(op: str, device: str, inputs: Sequence[Any], attrs: dict | None = None,
                   recs: Sequence[KernelRecord] | None = None) -> Callable:
-    """The kernel for one call of ``op`` on ``device``: the best-priority kernel that accepts the
-    dtype of the first input and whose ``supports`` check accepts the call. This is the one
-    place kernels are chosen: eager dispatch calls it with the arrays, the planner with
-    stand-ins of the planned shapes and dtypes. ``recs`` skips the lookup (callers cache it)."""
+    """The kernel for one call of ``op`` on ``device``: the function of
+    :func:`choose_kernel_record`'s choice. Eager dispatch calls it with the arrays."""
+    return choose_kernel_record(op, device, inputs, attrs, recs).function()
+
+
+def choose_kernel_record(op: str, device: str, inputs: Sequence[Any], attrs: dict | None = None,
+                         recs: Sequence[KernelRecord] | None = None) -> KernelRecord:
+    """The record of the kernel for one call of ``op`` on ``device``: the best-priority kernel
+    that accepts the dtype of the first input and whose ``supports`` check accepts the call.
+    This is the one place kernels are chosen: eager dispatch (through :func:`choose_kernel`)
+    calls it with the arrays, the planner with stand-ins of the planned shapes and dtypes, and
+    reads the record's ``writes_out``. ``recs`` skips the lookup (callers cache it)."""
     if recs is None:
         first = next((a for a in inputs if a is not None), None)
         dtype = DType.from_numpy(first.dtype) if first is not None else None
         recs = _registry.candidates(op, device, dtype)
     for rec in recs:
         check = rec.supports_function()
-        if check is None:
-            return rec.function()
-        if check(*inputs, **(attrs or _NO_ATTRS)):
-            return rec.function()
+        if check is None or check(*inputs, **(attrs or _NO_ATTRS)):
+            return rec
     raise PluginError(f"no registered kernel for {op} on {device!r} accepts this call "
                       f"(inputs: {_describe_arrays(inputs)}); the kernels' supports checks "
                       "refused it and no fallback kernel is registered")

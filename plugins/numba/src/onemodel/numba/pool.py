@@ -10,6 +10,7 @@ from functools import lru_cache
 import numpy as np
 
 from numba import prange
+from onemodel.tensors import OneModelError
 from onemodel.tensors.ops.nn import _geometry
 
 from ._jit import jit, sync_threads
@@ -186,20 +187,33 @@ def _tuple(v):
     return None if v is None else tuple(int(t) for t in v)
 
 
-def _setup(X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, include_pad=0):
+def _setup(X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, include_pad=0,
+           out=None):
     X = np.ascontiguousarray(X)
     sizes, row, d, hy, wq, taps = _plan(X.shape, X.dtype, _tuple(kernel_shape), _tuple(strides),
                                         _tuple(pads), _tuple(dilations), auto_pad, int(ceil_mode),
                                         int(include_pad))
-    out = np.empty((*X.shape[:2], sizes[2], sizes[3]), X.dtype)
+    out = _out(out, (*X.shape[:2], sizes[2], sizes[3]), X.dtype)
     return X, out, sizes, row, d, hy, wq, taps
 
 
+def _out(out, shape, dtype):
+    """The output array: a new one, or the planned ``out=`` buffer after checking that it is
+    what the out= contract promises (a C-contiguous array of this shape and dtype)."""
+    if out is None:
+        return np.empty(shape, dtype)
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise OneModelError(f"out= must be a C-contiguous {dtype} array of shape {list(shape)}, "
+                            f"got {out.dtype}{list(out.shape)}")
+    return out
+
+
 def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(), pads=None,
-             storage_order=0, strides=None):
+             storage_order=0, strides=None, out=None):
+    """MaxPool; ``out``: the planned output buffer to fill and return (see the hookspec)."""
     sync_threads()
     X, out, (h, w, oh, ow), (sw, pl), d, hy, wq, taps = _setup(
-        X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode)
+        X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, out=out)
     if out.size and _tuple(kernel_shape) == (2, 2) and (sw, d) == (2, (1, 1)) and \
             hy[0][0] == 0 and hy[2][-1] == 2 and wq[0][0] == 0 and wq[2][-1] == 2 and \
             _tuple(strides)[0] == 2:
@@ -212,10 +226,11 @@ def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
 
 
 def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
-                 kernel_shape=(), pads=None, strides=None):
+                 kernel_shape=(), pads=None, strides=None, out=None):
+    """AveragePool; ``out``: the planned output buffer to fill and return (see the hookspec)."""
     sync_threads()
     X, out, (h, w, oh, ow), (sw, pl), d, hy, wq, taps = _setup(
-        X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, count_include_pad)
+        X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, count_include_pad, out)
     if out.size:
         _avg_pool(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl,
                   hy[0], hy[1], hy[2], taps[0], taps[1], hy[3], wq[3], X.dtype.type(0))
@@ -386,13 +401,14 @@ def _global_avg(x, out):
         out[p] = acc / length
 
 
-def global_average_pool(X):
-    """GlobalAveragePool (N, C, spatial...) -> (N, C, 1, ...): one pass per plane."""
+def global_average_pool(X, *, out=None):
+    """GlobalAveragePool (N, C, spatial...) -> (N, C, 1, ...): one pass per plane. ``out``: the
+    planned output buffer to fill and return (see the hookspec)."""
     sync_threads()
     X = np.ascontiguousarray(X)
     n, c = X.shape[:2]
     length = int(np.prod(X.shape[2:], dtype=np.int64))
-    out = np.empty((n, c) + (1,) * (X.ndim - 2), X.dtype)
+    out = _out(out, (n, c) + (1,) * (X.ndim - 2), X.dtype)
     if out.size:
         _global_avg(X.reshape(n * c, length), out.reshape(n * c))
     return out
