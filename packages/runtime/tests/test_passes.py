@@ -311,3 +311,28 @@ def test_a_residual_sum_joins_the_chain():
     g, _ = _check(b.build(), [ElementwiseFusion()], expect_ops_gone=("Sum", "Relu"))
     fused = next(n for n in g.nodes if n.op == "FusedElementwise")
     assert fused.attrs["program"] == ["Add x0 x1", "Relu t0"]
+
+
+def test_parameterized_activations_and_constant_powers_join_chains():
+    """HardSigmoid/LeakyRelu carry their attributes and Pow its constant exponent as literals;
+    HardSwish, HardSigmoid and LeakyRelu become a FusedElementwise node even alone (their
+    references make several passes), a Relu alone stays, a Pow with a tensor exponent stays."""
+    from onemodel.runtime.passes.fusion import ElementwiseFusion
+
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 3, 4))
+    b.output(b.op("Mul", x, b.op("HardSigmoid", x, alpha=0.25, beta=0.4)), "se")
+    b.output(b.op("HardSwish", x), "hs")
+    cube = b.op("Pow", x, b.const(np.float32(3.0)))
+    b.output(b.op("Add", x, b.op("Mul", cube, b.const(np.float32(0.044715)))), "cubic")
+    b.output(b.op("LeakyRelu", b.op("Add", x, x), alpha=0.1), "leaky")
+    b.output(b.op("Pow", x, b.initializer("p", np.full((1, 4), 2.0, np.float32))), "pow")
+    b.output(b.op("Relu", x), "relu")
+    b.output(b.op("HardSigmoid", x), "hsig")
+    g, _ = _check(b.build(), [ElementwiseFusion()])
+    programs = sorted(n.attrs["program"] for n in g.nodes if n.op == "FusedElementwise")
+    assert programs == sorted([
+        ["HardSigmoid x0 0.25 0.4", "Mul x0 t0"], ["HardSwish x0"],
+        ["Pow x0 3.0", "Mul t0 x1", "Add x0 t1"], ["Add x0 x0", "LeakyRelu t0 0.1"],
+        ["HardSigmoid x0 0.2 0.5"]])
+    assert sorted(n.op for n in g.nodes if n.op in ("Pow", "Relu")) == ["Pow", "Relu"]

@@ -66,6 +66,15 @@ CASES = [
      dict(program=["Sub x0 x1", "Abs t0", "Sqrt t1", "Neg t2", "Exp t3", "Div t4 x1",
                    "Mul t5 t5"])),
     ("FusedElementwise", [(0, 3), (3,)], dict(program=["Add x0 x1", "Relu t0"])),
+    # literals: attributes (HardSigmoid, LeakyRelu), constant exponents, infinite bounds
+    ("FusedElementwise", [(2, 3, 5, 7), (1, 3, 1, 1)],
+     dict(program=["Add x0 x1", "HardSigmoid t0 0.2 0.5", "Mul x0 t1"])),
+    ("FusedElementwise", [(3, 29)], dict(program=["HardSwish x0"])),
+    ("FusedElementwise", [(5, 13)], dict(program=["LeakyRelu x0 0.01"])),
+    ("FusedElementwise", [(4, 1, 9), (9,)],
+     dict(program=["Pow x0 3.0", "Mul t0 x1", "Add x0 t1", "Pow t2 2.0", "Clip t3 -inf 4.0",
+                   "HardSigmoid t4 0.3 -0.1", "LeakyRelu t5 0.2"])),
+    ("FusedElementwise", [(6, 7)], dict(program=["Abs x0", "Pow t0 0.5", "Pow t1 -1.5"])),
     ("MaxPool", [(2, 3, 17, 13)], dict(kernel_shape=(3, 3), strides=(2, 2))),
     ("MaxPool", [(2, 3, 17, 13)], dict(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1,
                                        pads=(1, 0, 1, 2))),
@@ -227,6 +236,20 @@ def test_special_values_follow_the_reference():
         assert np.isnan(kernel(np.array([np.nan])))[0]
 
 
+def test_fused_literal_ops_follow_the_reference_on_special_values():
+    kernel = registry.resolve(plugin.KERNELS["FusedElementwise"][0])
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 2.5, -2.5, 1e-30], np.float32)
+    for program in (["HardSwish x0"], ["HardSigmoid x0 0.2 0.5"], ["LeakyRelu x0 0.01"],
+                    ["Pow x0 3.0"], ["Pow x0 2.0", "Clip t0 -inf inf"], ["Pow x0 0.5"], ["Pow x0 -1.5"],
+                    ["Pow x0 2.5"], ["Pow x0 -1.0"], ["Pow x0 0.0"]):
+        with np.errstate(all="ignore"):
+            want = OPS["FusedElementwise"].kernel(x, program=program)
+        # NaN and infinities where the reference has them; finite values to rounding (one
+        # pass in float64, where the reference rounds each step to float32)
+        np.testing.assert_allclose(kernel(x, program=program), want, rtol=1e-6, atol=0,
+                                   err_msg=str(program))
+
+
 @pytest.mark.parametrize("op", ["Conv", "LayerNormalization", "Gelu", "Softmax", "MaxPoolGrad",
                                 "GlobalAveragePool"])
 def test_the_reference_stays_the_fallback(op):
@@ -298,7 +321,7 @@ def test_pooling_special_values_follow_the_reference(op):
                   dict(kernel_shape=(2, 2), strides=(3, 3), ceil_mode=1, pads=(0, 0, 2, 2)),
                   dict(kernel_shape=(2, 2), strides=(2, 2)),
                   dict(kernel_shape=(2, 2), strides=(2, 2), pads=(0, 0, 4, 4))):
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(all="ignore"):
             want = OPS[op].kernel(x, **attrs)
         got = kernel(x, **attrs)
         if op == "MaxPool":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from onemodel.tensors import DType
+from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.fused import chain_operands
 
 from ..graph import Graph, Node
@@ -24,11 +25,15 @@ def _op(n: Node) -> str:
 
 class ElementwiseFusion(Pass):
     name = "elementwise-fusion"
-    changes = ("replaces each chain of two or more elementwise ops (Add or two-input Sum, Sub, "
-               "Mul, Div, Relu, "
-               "Sigmoid, Tanh, Erf, Exp, Neg, Abs, Sqrt, Clip with constant bounds) whose "
-               "intermediate results have one reader and the chain's shape with one "
-               "FusedElementwise node")
+    changes = ("replaces each chain of two or more elementwise ops (those whose definition "
+               "gives chain_operands: Add or two-input Sum, Sub, Mul, Div, Relu, Sigmoid, Tanh, "
+               "Erf, Exp, Neg, Abs, Sqrt, HardSigmoid, HardSwish, LeakyRelu, Clip with constant "
+               "bounds, Pow with a constant exponent) whose intermediate results have one reader "
+               "and the chain's shape, and each lone op of ``alone``, with one FusedElementwise "
+               "node")
+    # ops worth a FusedElementwise node of their own: their reference kernels make several
+    # passes over memory and temporaries (np.clip, np.where), one generated loop makes one
+    alone = frozenset({"HardSwish", "HardSigmoid", "LeakyRelu"})
 
     def run(self, graph: Graph) -> PassResult:
         uses = Uses(graph)
@@ -54,8 +59,9 @@ class ElementwiseFusion(Pass):
                     break
                 chain.append(nxt)
                 final = specs[nxt.outputs[0]]
-            if len(chain) < 2 or any(tuple(specs[n.outputs[0]].shape) != tuple(final.shape)
-                                     for n in chain[1:]):
+            if len(chain) < 2 and _op(node) not in self.alone:
+                continue
+            if any(tuple(specs[n.outputs[0]].shape) != tuple(final.shape) for n in chain[1:]):
                 continue
             candidate = self._build(graph, chain)
             if candidate is None or not same_spec(candidate, specs, [final]):
@@ -77,14 +83,22 @@ class ElementwiseFusion(Pass):
         out = specs.get(n.outputs[0])
         if out is None or out.dtype not in _FLOATS:
             return False
-        arity = chain_operands(_op(n))
-        if n.op == "Clip":
-            for bound in n.inputs[1:]:
-                value = graph.initializers.get(bound) if bound else None
-                if bound and (value is None or value.size != 1):
-                    return False
-        elif len(n.inputs) != arity:
+        op = _op(n)
+        arity = chain_operands(op)
+        opdef = OPS[op]
+        consts = opdef.inputs[arity:]  # literals of the program: constant scalars only
+        if not arity <= len(n.inputs) <= arity + len(consts):
             return False
+        for k, name in enumerate(consts):
+            given = n.inputs[arity + k] if arity + k < len(n.inputs) else ""
+            value = graph.initializers.get(given) if given else None
+            if (not given and name not in opdef.optional) or (
+                    given and (value is None or np.size(value) != 1)):
+                return False
+        for attr, default in opdef.attrs.items():
+            value = n.attrs.get(attr, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return False
         return all(specs.get(i) is not None and specs[i].dtype == out.dtype
                    for i in n.inputs[:arity])
 
@@ -94,17 +108,21 @@ class ElementwiseFusion(Pass):
         inputs: list[str] = []
         program: list[str] = []
         for k, n in enumerate(chain):
+            op = _op(n)
+            arity = chain_operands(op)
+            opdef = OPS[op]
             args = []
-            for name in n.inputs[:chain_operands(_op(n))]:
+            for name in n.inputs[:arity]:
                 if name not in refs:
                     refs[name] = f"x{len(inputs)}"
                     inputs.append(name)
                 args.append(refs[name])
-            if n.op == "Clip":
-                bounds = [n.inputs[i] if len(n.inputs) > i else "" for i in (1, 2)]
-                args += [repr(float(np.asarray(graph.initializers[b]).reshape(-1)[0]))
-                         if b else "nan" for b in bounds]
-            program.append(" ".join([_op(n), *args]))
+            for i in range(arity, len(opdef.inputs)):
+                given = n.inputs[i] if i < len(n.inputs) else ""
+                args.append(repr(float(np.asarray(graph.initializers[given]).reshape(-1)[0]))
+                            if given else "nan")
+            args += [repr(float(n.attrs.get(a, d))) for a, d in opdef.attrs.items()]
+            program.append(" ".join([op, *args]))
             refs[n.outputs[0]] = f"t{k}"
         last = chain[-1]
         return Node("FusedElementwise", inputs, [last.outputs[0]], {"program": program},

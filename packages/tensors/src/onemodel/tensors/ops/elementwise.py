@@ -139,7 +139,8 @@ def _pow_shape(specs):
     return TensorSpec(broadcast_shapes(x.shape, y.shape), x.dtype)
 
 
-@defop("Pow", shape=_pow_shape, grad=_pow_grad)
+# in an elementwise chain the exponent is a constant (a literal of the program)
+@defop("Pow", chain_operands=1, shape=_pow_shape, grad=_pow_grad)
 def pow_(X, Y):
     return np.power(X, Y.astype(X.dtype) if X.dtype.kind == "f" else Y).astype(X.dtype, copy=False)
 

@@ -58,14 +58,24 @@ def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0
 
 def chain_operands(op: str) -> int | None:
     """Tensor operands of ``op`` in an elementwise chain (``OpDef.chain_operands``), or None
-    when it cannot join one. Clip's bounds travel as literals in the program."""
+    when it cannot join one. An op's other inputs (Clip's bounds, Pow's exponent) must be
+    constant scalars and its attributes numbers: they travel in the program as literals."""
     opdef = OPS.get(op)
     return None if opdef is None else opdef.chain_operands
 
 
+def chain_literals(op: str) -> list[str]:
+    """The names of the literals a step of ``op`` carries after its operands: its inputs past
+    the tensor operands, then its attributes, in signature order."""
+    opdef = OPS[op]
+    return [*opdef.inputs[opdef.chain_operands:], *opdef.attrs]
+
+
 def parse_program(program, n_inputs: int) -> list[tuple[str, list[str], list[float]]]:
-    """``program`` steps ``"Op ref [ref]"`` (refs ``x<k>``: input k, ``t<k>``: step k's result;
-    ``Clip ref lo hi`` with float bounds, ``nan`` for none) as (op, refs, literals)."""
+    """``program`` steps ``"Op ref [ref] [literal ...]"`` (refs ``x<k>``: input k, ``t<k>``:
+    step k's result; literals as :func:`chain_literals` lists them, floats, ``nan`` for an
+    omitted optional input, e.g. ``Clip t0 0.0 nan``, ``HardSigmoid x0 0.2 0.5``) as
+    (op, refs, literals)."""
     steps = []
     for k, text in enumerate(program):
         parts = str(text).split()
@@ -75,10 +85,11 @@ def parse_program(program, n_inputs: int) -> list[tuple[str, list[str], list[flo
             raise ShapeError(f"FusedElementwise step {k} {text!r}: the op must be one of "
                              f"{', '.join(chainable)}")
         op = parts[0]
+        names = chain_literals(op)
         refs, lits = parts[1:1 + arity], parts[1 + arity:]
-        if len(refs) != arity or len(lits) != (2 if op == "Clip" else 0):
+        if len(refs) != arity or len(lits) != len(names):
             raise ShapeError(f"FusedElementwise step {k} {text!r}: {op} takes {arity} operand(s)"
-                             + (" and two bounds" if op == "Clip" else ""))
+                             + (f" and the literals {', '.join(names)}" if names else ""))
         for r in refs:
             kind, idx = r[:1], r[1:]
             limit = n_inputs if kind == "x" else k
@@ -88,7 +99,7 @@ def parse_program(program, n_inputs: int) -> list[tuple[str, list[str], list[flo
         try:
             values = [float(v) for v in lits]
         except ValueError:
-            raise ShapeError(f"FusedElementwise step {k} {text!r}: bounds must be numbers") \
+            raise ShapeError(f"FusedElementwise step {k} {text!r}: literals must be numbers") \
                 from None
         steps.append((op, refs, values))
     if not steps:
@@ -104,14 +115,18 @@ def _fused_elementwise_shape(specs, *, program=()):
 
 @defop("FusedElementwise", shape=_fused_elementwise_shape, domain="onemodel")
 def fused_elementwise(*inputs, program=()):
-    """A chain of elementwise ops (bias, activation, residual add, scale, clip) as one node; the
-    runtime's fusion pass makes it and a kernel plugin runs it in one pass. This reference
-    runs the steps one by one with the ops' own kernels."""
+    """A chain of elementwise ops (bias, activation, residual add, scale, clip, power) as one
+    node, or one such op whose reference makes several passes; the runtime's fusion pass makes
+    it and a kernel plugin runs it in one pass. This reference runs the steps one by one with
+    the ops' own kernels."""
     values: list = []
     for op, refs, lits in parse_program(program, len(inputs)):
         args = [inputs[int(r[1:])] if r[0] == "x" else values[int(r[1:])] for r in refs]
-        if op == "Clip":
-            dt = args[0].dtype
-            args += [None if np.isnan(v) else np.asarray(v, dt) for v in lits]
-        values.append(OPS[op].kernel(*args))
+        opdef = OPS[op]
+        consts = opdef.inputs[opdef.chain_operands:]
+        dt = args[0].dtype
+        args += [None if name in opdef.optional and np.isnan(v) else np.asarray(v, dt)
+                 for name, v in zip(consts, lits)]
+        attrs = dict(zip(opdef.attrs, lits[len(consts):]))
+        values.append(opdef.kernel(*args, **attrs))
     return values[-1]

@@ -43,7 +43,7 @@ def _act_shape(specs, **_):
     return TensorSpec(specs[0].shape, same_dtype(specs[:1], FLOATING))
 
 
-@defop("LeakyRelu", shape=_act_shape)
+@defop("LeakyRelu", chain_operands=1, shape=_act_shape)
 def leaky_relu(X, *, alpha=0.01):
     return np.where(X >= 0, X, X * X.dtype.type(alpha))
 
@@ -77,12 +77,12 @@ def thresholded_relu(X, *, alpha=1.0):
     return np.where(alpha < X, X, 0).astype(X.dtype)
 
 
-@defop("HardSigmoid", shape=_act_shape)
+@defop("HardSigmoid", chain_operands=1, shape=_act_shape)
 def hard_sigmoid(X, *, alpha=0.2, beta=0.5):
     return np.clip(X * X.dtype.type(alpha) + X.dtype.type(beta), 0, 1).astype(X.dtype)
 
 
-@defop("HardSwish", shape=_act_shape)
+@defop("HardSwish", chain_operands=1, shape=_act_shape)
 def hard_swish(X):
     return (X * np.clip(X / X.dtype.type(6) + X.dtype.type(0.5), 0, 1)).astype(X.dtype)
 
