@@ -1,10 +1,15 @@
-"""Convolution (2-D, float32/float64): columns built by numba straight from the NCHW input
-(padding and dilation on the fly, no transposes), one BLAS GEMM per image (per group) writing
-the NCHW output in place, then bias and activation in one pass. 1x1 stride-1 convolutions skip
-the columns: the input already is the GEMM operand. Depthwise convolutions, where a GEMM has
-nothing to chew on, are a direct numba loop."""
+"""Convolution (2-D, float32/float64). Columns are built by numba straight from the NCHW input
+(padding and dilation on the fly, no transposes) as one (C*kh*kw, N*oh*ow) matrix for all the
+images of a chunk, so ONE BLAS GEMM per chunk (per group) reads the weights once however many
+images there are; a numba pass then scatters the GEMM's (M, N*oh*ow) result to NCHW with the
+bias and activation applied on the way. A single image needs no scatter: the GEMM writes the
+output itself. 1x1 stride-1 convolutions of one image (or 1x1 planes) skip the columns: the input
+already is the GEMM operand. Depthwise convolutions, where a GEMM has nothing to chew on, are
+direct numba loops. The geometry of each (shapes, attributes) signature is worked out once."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -17,54 +22,70 @@ U = np.uint64
 ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3}
 _COLS_BUDGET = 32 << 20  # bytes of im2col columns built at once
 _NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
+# depthwise outputs at most this many pixels per plane take the tap-table kernel (strided, and
+# stride 1): measured faster there than the padded-plane kernel, slower on larger planes
+_TABLE_MAX_STRIDED = 64
+_TABLE_MAX = 9
+# GEMM over the whole batch at once (the weights read once, the result scattered to NCHW) when
+# each image's GEMM is skinny, or the weights are too big to stay in a core's cache between
+# images; else one GEMM per image, writing the output in place
+_ONE_GEMM_MAX_LENGTH = 64
+_ONE_GEMM_MIN_WEIGHTS = 1 << 20
 
 
 @jit(parallel=True)
-def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols):
-    """cols[n, (c, i, j), (y, x)] = x[n, c, y*sh - ph + i*dh, x*sw - pw + j*dw] (0 outside),
-    for a batch of images at once."""
+def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, by_image):
+    """The columns of a batch of images: row (c, i, j), column (y, x) of image n holds
+    x[n, c, y*sh - ph + i*dh, x*sw - pw + j*dw] (0 outside). ``cols`` is (N, C*kh*kw, oh*ow)
+    when ``by_image`` (one GEMM per image), else (C*kh*kw, N, oh*ow): every image's columns
+    side by side in one matrix, for one GEMM over the batch. Both arrays C-contiguous."""
     n_img, c_in, h, w = x.shape
     kk = kh * kw
     rows = c_in * kk
-    for t in prange(n_img * rows):
-        n = t // rows
-        r = t % rows
-        c = r // kk
-        i = (r % kk) // kw
-        j = r % kw
-        off = j * dw - pw
-        # output columns whose input column lies inside the image: [lo, hi)
-        lo = 0
-        while lo < ow and lo * sw + off < 0:
-            lo += 1
-        hi = ow
-        while hi > lo and (hi - 1) * sw + off >= w:
-            hi -= 1
-        # one view per row and plane, none in the loops (a view costs a reference count);
-        # unsigned indices skip numba's negative-index wraparound, so the copies vectorize
-        row = cols[n, r]
-        plane = x[n, c]
-        for y in range(oh):
-            iy = y * sh - ph + i * dh
-            base = y * ow
-            if iy < 0 or iy >= h or lo >= hi:
-                for q in range(ow):
-                    row[U(base + q)] = 0
-                continue
-            for q in range(lo):
-                row[U(base + q)] = 0
-            for q in range(hi, ow):
-                row[U(base + q)] = 0
-            src = plane[iy]
-            start = lo * sw + off
-            for q in range(hi - lo):
-                row[U(base + lo + q)] = src[U(start + q * sw)]
+    length = oh * ow
+    # flat offsets, no views: a view per row costs reference counting, which dominates the
+    # short rows of small planes; unsigned indices skip numba's negative-index wraparound, so
+    # the copies vectorize
+    xf = x.reshape(x.size)
+    cf = cols.reshape(cols.size)
+    for t in prange(n_img * c_in):
+        n = t // c_in
+        c = t % c_in
+        plane = t * h * w
+        for i in range(kh):
+            for j in range(kw):
+                r = c * kk + i * kw + j
+                off = j * dw - pw
+                # output columns whose input column lies inside the image: [lo, hi)
+                lo = 0
+                while lo < ow and lo * sw + off < 0:
+                    lo += 1
+                hi = ow
+                while hi > lo and (hi - 1) * sw + off >= w:
+                    hi -= 1
+                row = ((n * rows + r) if by_image else (r * n_img + n)) * length
+                for y in range(oh):
+                    iy = y * sh - ph + i * dh
+                    base = row + y * ow
+                    if iy < 0 or iy >= h or lo >= hi:
+                        for q in range(ow):
+                            cf[U(base + q)] = 0
+                        continue
+                    for q in range(lo):
+                        cf[U(base + q)] = 0
+                    for q in range(hi, ow):
+                        cf[U(base + q)] = 0
+                    start = plane + iy * w + lo * sw + off
+                    dst = base + lo
+                    for q in range(hi - lo):
+                        cf[U(dst + q)] = xf[U(start + q * sw)]
 
 
 @jit(parallel=True)
 def _col2im(dcols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, dx):
-    """The adjoint of :func:`_im2col`: dx[n, c, ...] += every column entry that read it. One
-    (image, channel) plane per task, so no two tasks write the same element."""
+    """The adjoint of :func:`_im2col` (columns side by side, (C*kh*kw, N, oh*ow)): dx[n, c, ...]
+    += every column entry that read it. One (image, channel) plane per task, so no two tasks
+    write the same element."""
     n_img, c_in, h, w = dx.shape
     kk = kh * kw
     for t in prange(n_img * c_in):
@@ -76,7 +97,7 @@ def _col2im(dcols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, dx):
                 plane[U(a), U(b)] = 0
         for i in range(kh):
             for j in range(kw):
-                row = dcols[n, c * kk + i * kw + j]
+                row = dcols[c * kk + i * kw + j, n]
                 off = j * dw - pw
                 lo = 0
                 while lo < ow and lo * sw + off < 0:
@@ -94,15 +115,17 @@ def _col2im(dcols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, dx):
 
 
 @jit()
-def _activate(v, act):
-    """act: 0 none, 1 Relu, 2 Sigmoid (the stable form), 3 Tanh."""
+def _activate(v, act, zero):
+    """act: 0 none, 1 Relu (NaN passes, as in np.maximum), 2 Sigmoid (the stable form), 3 Tanh;
+    ``zero`` of v's dtype keeps float32 math in float32."""
     if act == 1:
-        return v if v > 0 else 0
+        return zero if v < zero else v
     if act == 2:
-        if v >= 0:
-            return 1 / (1 + np.exp(-v))
+        one = zero + 1
+        if v >= zero:
+            return one / (one + np.exp(-v))
         e = np.exp(v)
-        return e / (1 + e)
+        return e / (one + e)
     if act == 3:
         return np.tanh(v)
     return v
@@ -132,6 +155,7 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
     plane = oh * width
     total = n_img * m_out
     block = 16
+    zero = np.zeros(1, out.dtype)[0]
     for blk in prange((total + block - 1) // block):
         buf = np.zeros((1, 1) if strided else (hp, wp), x.dtype)
         flat = buf.reshape(buf.size)
@@ -140,7 +164,7 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
         for t in range(blk * block, min(total, (blk + 1) * block)):
             n = t // m_out
             m = t % m_out
-            bv = bias[m] if has_bias else 0
+            bv = bias[m] if has_bias else zero
             dst = out[n, m]
             acc[:] = 0
             if strided:
@@ -188,84 +212,214 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
                         drow[xo] = src[xo] + bv
                 else:
                     for xo in range(ow):
-                        drow[xo] = _activate(src[xo] + bv, act)
+                        drow[xo] = _activate(src[xo] + bv, act, zero)
+
+
+
+
+@jit(parallel=True)
+def _depthwise_table(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
+    """The depthwise convolution of small output planes: for every output pixel, the list of
+    taps that land inside the image (input offset, weight offset) is made once per call and
+    shared by every channel, so a 5x5 window over a 2x2 plane costs its 4 real taps instead of
+    25, and no padded copy or stride phases are built per channel."""
+    n_img, m_out, oh, ow = out.shape
+    c_in, h, w = x.shape[1], x.shape[2], x.shape[3]
+    kh, kw = wt.shape[2], wt.shape[3]
+    length = oh * ow
+    kk = kh * kw
+    hw = h * w
+    count = np.zeros(length, np.int64)
+    src = np.empty(length * kk, np.int64)
+    tap = np.empty(length * kk, np.int64)
+    for y in range(oh):
+        for xo in range(ow):
+            p = y * ow + xo
+            k = 0
+            for i in range(kh):
+                iy = y * sh - ph + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                for j in range(kw):
+                    ix = xo * sw - pw + j * dw
+                    if ix < 0 or ix >= w:
+                        continue
+                    src[p * kk + k] = iy * w + ix
+                    tap[p * kk + k] = i * kw + j
+                    k += 1
+            count[p] = k
+    xf = x.reshape(x.size)
+    of = out.reshape(out.size)
+    wf = wt.reshape(wt.size)
+    zero = np.zeros(1, out.dtype)[0]
+    for t in prange(n_img * m_out):
+        n = t // m_out
+        m = t % m_out
+        xb = (n * c_in + m // mult) * hw
+        ob = t * length
+        wb = m * kk
+        bv = bias[m] if has_bias else zero
+        for p in range(length):
+            acc = bv
+            base = p * kk
+            for k in range(count[p]):
+                acc += xf[U(xb + src[U(base + k)])] * wf[U(wb + tap[U(base + k)])]
+            of[U(ob + p)] = _activate(acc, act, zero)
 
 
 @jit(parallel=True)
 def _epilogue(y, bias, has_bias, act):
-    """y[n, m, :] = act(y + bias[m]) in place; act: 0 none, 1 Relu, 2 Sigmoid, 3 Tanh."""
+    """y[n, m, :] = act(y + bias[m]) in place; act: 0 none, 1 Relu, 2 Sigmoid, 3 Tanh. One
+    loop per activation, written out here (not through a helper), so the common ones
+    vectorize."""
     n_img, m_out, length = y.shape
+    zero = np.zeros(1, y.dtype)[0]
+    for t in prange(n_img * m_out):
+        row = y[t // m_out, t % m_out]
+        b = bias[t % m_out] if has_bias else zero
+        if act == 0:
+            for k in range(length):
+                row[U(k)] += b
+        elif act == 1:
+            for k in range(length):
+                v = row[U(k)] + b
+                row[U(k)] = zero if v < zero else v
+        else:
+            for k in range(length):
+                row[U(k)] = _activate(row[U(k)] + b, act, zero)
+
+
+@jit(parallel=True)
+def _scatter(res, bias, has_bias, act, y):
+    """y[n, m, :] = act(res[m, n*L:(n+1)*L] + bias[m]): the GEMM's (M, N*L) result of a
+    chunk of images back to NCHW, the bias and activation applied on the way."""
+    n_img, m_out, length = y.shape
+    zero = np.zeros(1, y.dtype)[0]
     for t in prange(n_img * m_out):
         n = t // m_out
         m = t % m_out
-        b = bias[m] if has_bias else 0
-        row = y[n, m]
-        for k in range(length):
-            v = row[k] + b
-            if act == 1:
-                v = v if v > 0 else 0
-            elif act == 2:
-                if v >= 0:
-                    v = 1 / (1 + np.exp(-v))
-                else:
-                    e = np.exp(v)
-                    v = e / (1 + e)
-            elif act == 3:
-                v = np.tanh(v)
-            row[k] = v
+        b = bias[m] if has_bias else zero
+        src = res[m]
+        dst = y[n, m]
+        base = n * length
+        if act == 0:
+            for k in range(length):
+                dst[U(k)] = src[U(base + k)] + b
+        elif act == 1:
+            for k in range(length):
+                v = src[U(base + k)] + b
+                dst[U(k)] = zero if v < zero else v
+        else:
+            for k in range(length):
+                dst[U(k)] = _activate(src[U(base + k)] + b, act, zero)
+
+
+_DW_TABLE, _DW, _DIRECT, _BY_IMAGE, _ONE_GEMM = range(5)
+
+
+def _key(v):
+    return tuple(v) if v is not None and not isinstance(v, (str, int)) else v
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto_pad, group):
+    """Everything about a call that its shapes and attributes decide, worked out once per
+    signature: (path, output shape, strides, begin pads, dilations, kernel, images per chunk)."""
+    n, c, h, w = xshape
+    m = wshape[0]
+    k = tuple(kernel_shape) if kernel_shape else tuple(wshape[2:])
+    s, pb, _, d, (oh, ow), _ = _geometry((h, w), k, strides, pads, dilations, auto_pad)
+    length = oh * ow
+    rows = c * k[0] * k[1]
+    if group > 1 and c == group:
+        small = _TABLE_MAX_STRIDED if s != (1, 1) else _TABLE_MAX
+        path = _DW_TABLE if length <= small else _DW
+    elif k == (1, 1) and s == (1, 1) and pb == (0, 0) and (oh, ow) == (h, w):
+        path = _DIRECT  # the input already is the GEMM operand
+    elif n > 1 and (length <= _ONE_GEMM_MAX_LENGTH
+                    or m * (rows // group) * itemsize >= _ONE_GEMM_MIN_WEIGHTS):
+        path = _ONE_GEMM
+    else:
+        path = _BY_IMAGE
+    chunk = max(1, min(n, _COLS_BUDGET // max(rows * length * itemsize, 1)))
+    return path, (n, m, oh, ow), s, pb, d, k, chunk
 
 
 def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-         pads=None, strides=None):
-    """ONNX Conv for 2-D float inputs (see :func:`onemodel.numba.support.conv`)."""
-    return _conv(X, W, B, "", auto_pad, dilations, group, kernel_shape, pads, strides)
+         pads=None, strides=None, out=None):
+    """ONNX Conv for 2-D float inputs (see :func:`onemodel.numba.support.conv`); ``out``: a
+    planned C-contiguous buffer of the output's shape and dtype to fill and return."""
+    return _conv(X, W, B, 0, auto_pad, dilations, group, kernel_shape, pads, strides, out)
 
 
 def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=None, group=1,
-               kernel_shape=None, pads=None, strides=None):
+               kernel_shape=None, pads=None, strides=None, out=None):
     """Conv followed by Relu, Sigmoid or Tanh, applied in the same pass as the bias."""
-    return _conv(X, W, B, activation, auto_pad, dilations, group, kernel_shape, pads, strides)
+    return _conv(X, W, B, ACT_CODES[activation], auto_pad, dilations, group, kernel_shape, pads,
+                 strides, out)
 
 
-def _conv(X, W, B, activation, auto_pad, dilations, group, kernel_shape, pads, strides):
+def _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides, out):
     sync_threads()
     X = np.ascontiguousarray(X)
-    W = np.ascontiguousarray(W, dtype=X.dtype)
-    k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
-    s, pb, _, d, out_sp, _ = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad)
-    n, c = X.shape[:2]
-    m = W.shape[0]
-    oh, ow = out_sp
-    length = oh * ow
-    y = np.empty((n, m, oh, ow), X.dtype)
-    cg = c // group
-    act = ACT_CODES[activation]
-    bias = np.ascontiguousarray(B, dtype=X.dtype) if B is not None else _NO_BIAS[X.dtype]
-    if group > 1 and cg == 1:  # bias and activation applied in the same pass
-        _depthwise(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, B is not None,
-                   act, y)
+    W = np.ascontiguousarray(W)
+    path, shape, s, pb, d, k, chunk = _plan(
+        X.shape, W.shape, X.itemsize, _key(kernel_shape), _key(strides), _key(pads),
+        _key(dilations), auto_pad, group)
+    y = np.empty(shape, X.dtype) if out is None else out
+    n, m, oh, ow = shape
+    if y.size == 0:
         return y
-    else:
-        mg = m // group
-        w3 = W.reshape(group, mg, -1)
-        y3 = y.reshape(n, group, mg, length)
-        direct = k == (1, 1) and s == (1, 1) and pb == (0, 0) and (oh, ow) == X.shape[2:]
-        if direct:  # the input already is the GEMM operand: one batched GEMM
-            np.matmul(w3, X.reshape(n, group, cg, length), out=y3)
+    has_bias = B is not None
+    bias = np.ascontiguousarray(B) if has_bias else _NO_BIAS[X.dtype]
+    if path <= _DW:  # bias and activation applied in the same pass
+        kernel = _depthwise_table if path == _DW_TABLE else _depthwise
+        kernel(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias, act, y)
+        return y
+    length = oh * ow
+    c = X.shape[1]
+    mg = m // group
+    y3 = y.reshape(n, m, length)
+    if path == _DIRECT:
+        if group == 1 and n == 1:
+            np.matmul(W.reshape(m, c), X.reshape(c, length), out=y.reshape(m, length))
+        elif group == 1 and length == 1 and c >= m:  # (N, C) @ (C, M): the output's layout
+            np.matmul(X.reshape(n, c), W.reshape(m, c).T, out=y.reshape(n, m))
+        else:  # one GEMM per image (and group)
+            np.matmul(W.reshape(group, mg, c // group), X.reshape(n, group, c // group, length),
+                      out=y.reshape(n, group, mg, length))
+        if has_bias or act:
+            _epilogue(y3, bias, has_bias, act)
+        return y
+    rows = c * k[0] * k[1]
+    w3 = W.reshape(group, mg, rows // group)
+    cols_all = np.empty(rows * chunk * length, X.dtype)
+    if path == _BY_IMAGE:  # columns of a chunk of images, one GEMM per image into y
+        for start in range(0, n, chunk):
+            n_img = min(chunk, n - start)
+            cols = cols_all[:rows * n_img * length].reshape(n_img, rows, length)
+            _im2col(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1],
+                    oh, ow, cols, True)
+            np.matmul(w3, cols.reshape(n_img, group, rows // group, length),
+                      out=y3[start:start + n_img].reshape(n_img, group, mg, length))
+        if has_bias or act:
+            _epilogue(y3, bias, has_bias, act)
+        return y
+    # one GEMM per chunk: the weights are read once for all its images
+    res_all = np.empty(m * chunk * length, X.dtype)
+    for start in range(0, n, chunk):
+        n_img = min(chunk, n - start)
+        width = n_img * length
+        cols = cols_all[:rows * width].reshape(rows, n_img, length)
+        _im2col(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh,
+                ow, cols, False)
+        res = res_all[:m * width].reshape(m, width)
+        if group == 1:
+            np.matmul(w3[0], cols.reshape(rows, width), out=res)
         else:
-            # columns for a few images at a time (bounded memory), then one batched GEMM
-            per_image = c * k[0] * k[1] * length
-            step = max(1, min(n, _COLS_BUDGET // max(per_image * X.itemsize, 1)))
-            cols = np.empty((step, c * k[0] * k[1], length), X.dtype)
-            for start in range(0, n, step):
-                m_img = min(step, n - start)
-                part = cols[:m_img]
-                _im2col(X[start:start + m_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
-                        d[1], oh, ow, part)
-                np.matmul(w3, part.reshape(m_img, group, cg * k[0] * k[1], length),
-                          out=y3[start:start + m_img])
-    if B is not None or act:
-        _epilogue(y.reshape(n, m, length), bias, B is not None, act)
+            np.matmul(w3, cols.reshape(group, rows // group, width),
+                      out=res.reshape(group, mg, width))
+        _scatter(res, bias, has_bias, act, y3[start:start + n_img])
     return y
 
 
@@ -274,51 +428,61 @@ def _grad_setup(X, W, dY, auto_pad, dilations, group, kernel_shape, pads, stride
     X = np.ascontiguousarray(X)
     W = np.ascontiguousarray(W, dtype=X.dtype)
     dY = np.ascontiguousarray(dY, dtype=X.dtype)
-    k = tuple(kernel_shape) if kernel_shape else W.shape[2:]
-    s, pb, _, d, out_sp, _ = _geometry(X.shape[2:], k, strides, pads, dilations, auto_pad)
-    n, c = X.shape[:2]
-    m = W.shape[0]
-    ckk = (c // group) * k[0] * k[1]
-    step = max(1, min(n, _COLS_BUDGET // max(c * k[0] * k[1] * out_sp[0] * out_sp[1]
-                                             * X.itemsize, 1)))
-    return X, W, dY, k, s, pb, d, out_sp, n, c, m, ckk, step
+    _, shape, s, pb, d, k, chunk = _plan(
+        X.shape, W.shape, X.itemsize, _key(kernel_shape), _key(strides), _key(pads),
+        _key(dilations), auto_pad, group)
+    return X, W, dY, shape, s, pb, d, k, chunk
+
+
+def _dy_columns(dY, start, n_img, m, length):
+    """dY of images [start, start + n_img) as (M, n_img * L), the layout of the columns."""
+    part = dY[start:start + n_img].reshape(n_img, m, length)
+    if n_img == 1:
+        return part.reshape(m, length)
+    return np.ascontiguousarray(part.transpose(1, 0, 2)).reshape(m, n_img * length)
 
 
 def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                      pads=None, strides=None):
-    """Gradient of Conv with respect to W: the columns of a few images at a time against dY,
-    one batched GEMM per chunk, summed over the images."""
-    X, W, dY, k, s, pb, d, (oh, ow), n, c, m, ckk, step = _grad_setup(
+    """Gradient of Conv with respect to W: dY against the columns of a chunk of images side
+    by side, one GEMM per chunk (the sum over the images happens inside it)."""
+    X, W, dY, (n, m, oh, ow), s, pb, d, k, chunk = _grad_setup(
         X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides)
     length = oh * ow
-    dw = np.zeros((group, m // group, ckk), np.float64 if X.dtype == np.float64 else X.dtype)
-    cols = np.empty((step, c * k[0] * k[1], length), X.dtype)
-    dy4 = dY.reshape(n, group, m // group, length)
-    for start in range(0, n, step):
-        m_img = min(step, n - start)
-        part = cols[:m_img]
-        _im2col(X[start:start + m_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh,
-                ow, part)
-        cols4 = part.reshape(m_img, group, ckk, length)
-        dw += np.matmul(dy4[start:start + m_img], cols4.transpose(0, 1, 3, 2)).sum(axis=0)
-    return dw.reshape(W.shape).astype(X.dtype, copy=False)
+    rows = X.shape[1] * k[0] * k[1]
+    mg = m // group
+    dw = np.zeros((group, mg, rows // group), X.dtype)
+    cols_all = np.empty(rows * chunk * length, X.dtype)
+    for start in range(0, n, chunk):
+        n_img = min(chunk, n - start)
+        width = n_img * length
+        cols = cols_all[:rows * width].reshape(rows, n_img, length)
+        _im2col(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh,
+                ow, cols, False)
+        dyt = _dy_columns(dY, start, n_img, m, length)
+        dw += np.matmul(dyt.reshape(group, mg, width),
+                        cols.reshape(group, rows // group, width).transpose(0, 2, 1))
+    return dw.reshape(W.shape)
 
 
 def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                     pads=None, strides=None):
-    """Gradient of Conv with respect to X: W^T against dY per image (one batched GEMM per
-    chunk) into columns, scattered back by numba (the adjoint of the columns)."""
-    X, W, dY, k, s, pb, d, (oh, ow), n, c, m, ckk, step = _grad_setup(
+    """Gradient of Conv with respect to X: W^T against dY of a chunk of images side by side
+    (one GEMM per chunk) into columns, scattered back by numba (the adjoint of the columns)."""
+    X, W, dY, (n, m, oh, ow), s, pb, d, k, chunk = _grad_setup(
         X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides)
     length = oh * ow
-    wt = W.reshape(group, m // group, ckk).transpose(0, 2, 1)
-    dy4 = dY.reshape(n, group, m // group, length)
+    rows = X.shape[1] * k[0] * k[1]
+    mg = m // group
+    wt = W.reshape(group, mg, rows // group).transpose(0, 2, 1)
     dx = np.empty(X.shape, X.dtype)
-    dcols = np.empty((step, group, ckk, length), X.dtype)
-    for start in range(0, n, step):
-        m_img = min(step, n - start)
-        part = dcols[:m_img]
-        np.matmul(wt, dy4[start:start + m_img], out=part)
-        _col2im(part.reshape(m_img, c * k[0] * k[1], length), k[0], k[1], s[0], s[1], pb[0],
-                pb[1], d[0], d[1], oh, ow, dx[start:start + m_img])
+    dcols_all = np.empty(rows * chunk * length, X.dtype)
+    for start in range(0, n, chunk):
+        n_img = min(chunk, n - start)
+        width = n_img * length
+        dcols = dcols_all[:rows * width].reshape(group, rows // group, width)
+        np.matmul(wt, _dy_columns(dY, start, n_img, m, length).reshape(group, mg, width),
+                  out=dcols)
+        _col2im(dcols.reshape(rows, n_img, length), k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
+                d[1], oh, ow, dx[start:start + n_img])
     return dx

@@ -1,0 +1,138 @@
+"""Each path of the numba convolution (the depthwise tap table and padded-plane kernels, the
+direct 1x1 GEMMs, columns with one GEMM per image or one GEMM over the whole batch, chunked
+or not) against the reference kernel, with and without a planned ``out=`` buffer; the
+gradients over several chunks; Relu keeping NaN as the reference does. Each case also checks
+that it takes the path it is named for, so a change of the selection rules cannot leave a path
+untested."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onemodel.numba import conv
+from onemodel.tensors.ops import OPS
+
+TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-11, atol=1e-11)}
+
+# (path, X shape, W shape, attrs)
+CASES = [
+    (conv._DW_TABLE, (2, 12, 2, 2), (12, 1, 5, 5), dict(group=12, pads=(2, 2, 2, 2))),
+    (conv._DW_TABLE, (2, 6, 8, 7), (12, 1, 5, 3), dict(group=6, strides=(2, 2),
+                                                       pads=(2, 1, 1, 0), dilations=(1, 2))),
+    (conv._DW_TABLE, (1, 5, 3, 3), (5, 1, 3, 3), dict(group=5, auto_pad="SAME_UPPER")),
+    (conv._DW, (2, 4, 9, 8), (4, 1, 3, 3), dict(group=4, pads=(1, 1, 1, 1))),
+    (conv._DIRECT, (1, 10, 5, 6), (7, 10, 1, 1), {}),
+    (conv._DIRECT, (3, 10, 1, 1), (7, 10, 1, 1), {}),  # (N, C) @ (C, M), C >= M
+    (conv._DIRECT, (3, 6, 1, 1), (11, 6, 1, 1), {}),  # C < M: one GEMM per image
+    (conv._DIRECT, (2, 8, 4, 3), (6, 4, 1, 1), dict(group=2)),
+    (conv._ONE_GEMM, (3, 5, 6, 6), (7, 5, 3, 3), dict(pads=(1, 1, 1, 1), strides=(2, 2))),
+    (conv._ONE_GEMM, (2, 6, 5, 4), (4, 3, 2, 3), dict(group=2, pads=(0, 1, 1, 1),
+                                                      dilations=(2, 1))),
+    (conv._ONE_GEMM, (2, 4, 7, 7), (6, 4, 1, 1), dict(strides=(2, 2))),
+    (conv._BY_IMAGE, (2, 3, 12, 11), (5, 3, 3, 3), dict(pads=(1, 1, 1, 1))),
+    (conv._BY_IMAGE, (3, 4, 10, 9), (6, 2, 3, 2), dict(group=2, pads=(1, 0, 1, 1))),
+    (conv._DW_TABLE, (0, 4, 3, 3), (4, 1, 3, 3), dict(group=4)),
+    (conv._BY_IMAGE, (1, 3, 9, 9), (4, 3, 3, 3), {}),
+]
+ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh"]
+
+
+def _arrays(xs, ws, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(xs) * 2).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    return x, w, b
+
+
+def _path(x, w, attrs):
+    return conv._plan(x.shape, w.shape, x.itemsize, conv._key(attrs.get("kernel_shape")),
+                      conv._key(attrs.get("strides")), conv._key(attrs.get("pads")),
+                      conv._key(attrs.get("dilations")), attrs.get("auto_pad", "NOTSET"),
+                      attrs.get("group", 1))[0]
+
+
+def _run(x, w, b, act, attrs, out=None):
+    if act:
+        want = OPS["FusedConv"].kernel(x, w, b, activation=act, **attrs)
+        got = conv.fused_conv(x, w, b, activation=act, out=out, **attrs)
+    else:
+        want = OPS["Conv"].kernel(x, w, b, **attrs)
+        got = conv.conv(x, w, b, out=out, **attrs)
+    return got, want
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", CASES, ids=[f"{p}-{i}" for i, (p, *_) in enumerate(CASES)])
+def test_each_path_matches_the_reference(case, dtype):
+    path, xs, ws, attrs = case
+    x, w, b = _arrays(xs, ws, dtype)
+    assert _path(x, w, attrs) == path
+    for act, bias in zip(ACTIVATIONS, (b, None, b, None)):
+        got, want = _run(x, w, bias, act, attrs)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{p}-{i}" for i, (p, *_) in enumerate(CASES)])
+def test_out_is_filled_and_returned(case):
+    _, xs, ws, attrs = case
+    x, w, b = _arrays(xs, ws, np.float32, seed=1)
+    for act in ("", "Relu"):
+        want = _run(x, w, b, act, attrs)[1]
+        out = np.full(want.shape, np.nan, np.float32)
+        got, _ = _run(x, w, b, act, attrs, out=out)
+        assert got is out
+        np.testing.assert_allclose(out, want, **TOL[np.float32])
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Column budget of a few KB: every batch is split into chunks of one or two images."""
+    monkeypatch.setattr(conv, "_COLS_BUDGET", 3000)
+    conv._plan.cache_clear()
+    yield
+    conv._plan.cache_clear()
+
+
+@pytest.mark.parametrize("xs, ws, attrs", [
+    ((5, 3, 6, 6), (4, 3, 3, 3), dict(pads=(1, 1, 1, 1))),  # one GEMM per chunk
+    ((3, 2, 13, 12), (4, 2, 3, 3), dict(pads=(1, 1, 1, 1))),  # one GEMM per image
+    ((5, 4, 5, 5), (6, 2, 3, 3), dict(group=2, strides=(2, 1), pads=(1, 1, 1, 1))),
+])
+def test_chunks_forward_and_gradients(xs, ws, attrs, small_chunks):
+    x, w, b = _arrays(xs, ws, np.float64, seed=2)
+    assert conv._plan(x.shape, w.shape, 8, None, conv._key(attrs.get("strides")),
+                      conv._key(attrs.get("pads")), None, "NOTSET", attrs.get("group", 1))[-1] < \
+        xs[0]
+    got, want = _run(x, w, b, "Relu", attrs)
+    np.testing.assert_allclose(got, want, **TOL[np.float64])
+    dy = np.random.default_rng(3).standard_normal(want.shape)
+    for op, fn in (("ConvInputGrad", conv.conv_input_grad),
+                   ("ConvWeightGrad", conv.conv_weight_grad)):
+        np.testing.assert_allclose(fn(x, w, dy, **attrs), OPS[op].kernel(x, w, dy, **attrs),
+                                   **TOL[np.float64])
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5], CASES[8], CASES[11]],
+                         ids=["table", "plane", "direct", "one-gemm", "by-image"])
+def test_relu_keeps_nan_and_infinities_like_the_reference(case):
+    _, xs, ws, attrs = case
+    x, w, b = _arrays(xs, ws, np.float32, seed=4)
+    x[0, 0, 0, 0] = np.nan
+    x[-1, -1, -1, -1] = np.inf
+    x[-1, 0, -1, 0] = -np.inf
+    with np.errstate(invalid="ignore"):
+        got, want = _run(x, w, b, "Relu", attrs)
+    assert np.isnan(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, **TOL[np.float32])
+
+
+def test_the_plan_is_made_once_per_signature():
+    x, w, b = _arrays((2, 4, 6, 6), (5, 4, 3, 3), np.float32)
+    conv.conv(x, w, b, pads=[1, 1, 1, 1])
+    hits = conv._plan.cache_info().hits
+    conv.fused_conv(x, w, b, pads=(1, 1, 1, 1), activation="Tanh")
+    assert conv._plan.cache_info().hits == hits + 1
