@@ -37,7 +37,8 @@ KERNELS: dict[str, tuple[str, str]] = {
 
 # kernels that take ``out=`` (a planned buffer they fill and return; see the hookspec)
 WRITES_OUT: set[str] = {"FusedElementwise", "RMSNormalization", "BatchNormalization", "Softmax",
-                        "LogSoftmax", "Erf", "Gelu", "MaxPool", "AveragePool", "GlobalAveragePool"}
+                        "LogSoftmax", "Erf", "Gelu", "MaxPool", "AveragePool", "GlobalAveragePool",
+                        "Conv", "FusedConv"}
 
 
 @hookimpl
