@@ -381,3 +381,22 @@ def test_softmax_special_values_follow_the_reference():
             want = OPS[op].kernel(x)
         got = kernel(x)
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-30)
+
+
+@pytest.mark.parametrize("op,attrs", [("MaxPool", dict(kernel_shape=(2, 2), strides=(2, 2))),
+                                      ("AveragePool", dict(kernel_shape=(3, 3))),
+                                      ("GlobalAveragePool", {})])
+def test_pooling_refuses_an_out_that_breaks_the_contract(op, attrs):
+    """An out= of the wrong shape, dtype or layout is an error naming what was expected, never
+    a write past the buffer or a result in the wrong type."""
+    from onemodel.tensors import OneModelError
+
+    kernel = registry.resolve(plugin.KERNELS[op][0])
+    x = np.random.default_rng(0).standard_normal((1, 2, 6, 6)).astype(np.float32)
+    want = OPS[op].kernel(x, **attrs)
+    for bad in (np.empty(want.shape[:-1] + (want.shape[-1] + 1,), np.float32),
+                np.empty(want.shape, np.float64),
+                np.empty((want.shape[0], 2 * want.shape[1], *want.shape[2:]),
+                         np.float32)[:, ::2]):
+        with pytest.raises(OneModelError, match="out= must be"):
+            kernel(x, **attrs, out=bad)
