@@ -290,3 +290,22 @@ def test_plans_after_a_data_dependent_size_use_buffers(plugin):
     cont = _plan(s).steps[-1].call
     (sub,) = list(cont._plans.values())
     assert sub.buffer_pool is not None and sub.buffer_pool.made == 1
+
+
+@pytest.mark.filterwarnings("ignore::onemodel.tensors.devices.DeviceFallbackWarning")
+def test_device_sessions_run_without_planned_buffers_profiled_or_not():
+    """A plan placed on another device runs its own kernels: it keeps no planned buffers, and
+    its profiled runs work as before."""
+    pytest.importorskip("onemodel_sim", reason="the example backend (scripts/dev.py installs it)")
+    b_ = GraphBuilder()
+    x = b_.input("x", DType.F32, (1, 2, 6, 6))
+    y = b_.op("Relu", b_.op("MaxPool", b_.op("Relu", x), kernel_shape=[2, 2], strides=[2, 2]))
+    b_.output(y)
+    graph = b_.build()
+    xv = np.random.default_rng(4).standard_normal((1, 2, 6, 6)).astype(np.float32)
+    want = Session(graph).run({"x": xv}, return_numpy=True)[y]
+    for profile in (False, True):
+        s = Session(graph, device="sim", profile=profile)
+        got = s.run({"x": xv}, return_numpy=True)[y]
+        np.testing.assert_array_equal(got, want)
+        assert _plan(s).buffer_pool is None

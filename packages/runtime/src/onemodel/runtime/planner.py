@@ -207,8 +207,10 @@ class Plan:
                     vals[slot] = None
         except Exception as exc:
             raise step_failure(step, vals, exc) from exc
-        return self._owned([vals[s] for _, s in self.outputs], arrays,
-                           bufs.roots if bufs is not None else frozenset())
+        results = [vals[s] for _, s in self.outputs]
+        if bufs is None:  # (a DevicePlan's _owned takes no buffers)
+            return self._owned(results, arrays)
+        return self._owned(results, arrays, bufs.roots)
 
     def _owned(self, results: list, arrays: Sequence[np.ndarray],
                buffers: frozenset[int] = frozenset()) -> list[np.ndarray]:
