@@ -68,24 +68,82 @@ def smooth_l1(input: Tensor, target: Tensor, reduction: str = "mean", beta: floa
     return _reduce(where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta), reduction)
 
 
+def _class_indices(target: Tensor, c: int, ignore_index: int, fn: str):
+    """The targets in host memory (a copy for a tensor on another device: they pick classes and
+    are checked), which are kept (not ``ignore_index``), and the class each picks (0 if not)."""
+    if target.dtype not in (DType.I64, DType.I32):
+        raise OneModelError(f"{fn} target must hold class indices (I64), got {target.dtype.name}")
+    t = target._host().astype(np.int64, copy=False)
+    valid = t != ignore_index
+    safe = np.where(valid, t, 0)
+    if np.any((safe < 0) | (safe >= c)):
+        raise OneModelError(f"{fn} target holds a class outside [0, {c})")
+    return t, valid, safe
+
+
+def _picking_weights(log_probs: Tensor, safe, valid, weight: Tensor | None, smoothing: float):
+    """``W`` (the shape of ``log_probs``) with per-sample losses ``sum over axis 1 of
+    log_probs * W``: minus the target's class weight at the target class (times
+    ``1 - smoothing``), minus ``smoothing / C`` times each class weight everywhere (label
+    smoothing), zero on ignored samples; and the samples' summed weight (the mean's divisor).
+    One multiply and one sum then replace a mask, a select, a negation and a weighting: a
+    fraction of the ops (forward and backward) of a training step's loss."""
+    dt = log_probs.dtype.numpy
+    c = log_probs.shape[1]
+    w = np.ones(c, dt) if weight is None else weight._host().astype(dt, copy=False)
+    sample_w = np.where(valid, w[safe], 0).astype(dt)
+    wt = np.zeros(log_probs.shape, dt)
+    picked = np.expand_dims(-(1.0 - smoothing) * sample_w, 1).astype(dt)
+    np.put_along_axis(wt, np.expand_dims(safe, 1), picked, axis=1)
+    if smoothing:
+        spread = (w * (-smoothing / c)).reshape((1, c) + (1,) * (log_probs.ndim - 2))
+        wt += np.expand_dims(valid, 1) * spread.astype(dt)
+    return wt, float(sample_w.sum(dtype=np.float64))
+
+
+def _picked_loss(log_probs: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+                 reduction: str, smoothing: float, fn: str) -> Tensor | None:
+    """NLL (with label smoothing) as ``log_probs * W`` summed, or None where that would differ
+    from picking: a ``-inf`` log-probability times a zero weight is NaN, not nothing."""
+    if reduction not in ("mean", "sum", "none"):
+        raise OneModelError(f"reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
+    _, valid, safe = _class_indices(target, log_probs.shape[1], ignore_index, fn)
+    if np.isneginf(log_probs._host()).any():
+        return None
+    wt, total = _picking_weights(log_probs, safe, valid, weight, smoothing)
+    if reduction == "none":
+        return (log_probs * _to(wt, log_probs)).sum(axis=1)
+    if reduction == "mean":
+        if total == 0:  # every sample ignored or weighted zero: 0 / 0, as in PyTorch
+            return (log_probs * _to(wt, log_probs)).sum() / 0.0
+        wt *= wt.dtype.type(1.0 / total)
+    return (log_probs * _to(wt, log_probs)).sum()
+
+
+def _to(a: np.ndarray, like: Tensor) -> Tensor:
+    t = Tensor.from_numpy(a)
+    return t if like.device == "cpu" else t.to(like.device)
+
+
 @_not_traceable
 def nll(log_probs: Tensor, target: Tensor, weight: Tensor | None = None,
         ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """Negative log likelihood of class indices; classes on axis 1 ((N, C) or (N, C, d...))."""
-    if target.dtype not in (DType.I64, DType.I32):
-        raise OneModelError(f"nll target must hold class indices (I64), got {target.dtype.name}")
-    # the targets are read in host memory (a copy for a tensor on another device): they pick
-    # classes and are checked; the masks built from them go to the log-probabilities' device
-    t = target.cpu().numpy().astype(np.int64)
-    valid = t != ignore_index
-    safe = np.where(valid, t, 0)
+    if target.dtype in (DType.I64, DType.I32) and log_probs.ndim >= 2:
+        loss = _picked_loss(log_probs, target, weight, ignore_index, reduction, 0.0, "nll")
+        if loss is not None:
+            return loss
+    return _masked_nll(log_probs, target, weight, ignore_index, reduction)
+
+
+def _masked_nll(log_probs: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+                reduction: str) -> Tensor:
+    """NLL by selecting each sample's log-probability (a ``-inf`` elsewhere stays out)."""
     c = log_probs.shape[1]
-    if np.any((safe < 0) | (safe >= c)):
-        raise OneModelError(f"nll target holds a class outside [0, {c})")
+    _, valid, safe = _class_indices(target, c, ignore_index, "nll")
     device = log_probs.device
-    picked_mask = Tensor.from_numpy(
-        np.moveaxis(np.eye(c, dtype=bool)[safe], -1, 1) & np.expand_dims(valid, 1)
-    ).to(device)
+    picked_mask = _to(np.moveaxis(np.eye(c, dtype=bool)[safe], -1, 1) & np.expand_dims(valid, 1),
+                      log_probs)
     w = np.ones(c, log_probs.dtype.numpy) if weight is None else weight.cpu().numpy()
     sample_w = np.where(valid, w[safe], 0).astype(log_probs.dtype.numpy)
     picked = where(picked_mask, log_probs, 0.0).sum(axis=1)  # (N, d...)
@@ -113,7 +171,12 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
         probs = target * (1 - label_smoothing) + label_smoothing / c if label_smoothing else target
         per = logp * probs if wt is None else logp * probs * wt
         return _reduce(-per.sum(axis=1), reduction)
-    loss = nll(logp, target, weight, ignore_index, reduction)
+    if target.dtype in (DType.I64, DType.I32) and input.ndim >= 2:
+        loss = _picked_loss(logp, target, weight, ignore_index, reduction, label_smoothing,
+                            "cross_entropy")
+        if loss is not None:
+            return loss
+    loss = _masked_nll(logp, target, weight, ignore_index, reduction)
     if not label_smoothing:
         return loss
     # PyTorch: (1 - eps) * nll + eps / C * sum over classes of -log p (weighted, ignoring targets)
