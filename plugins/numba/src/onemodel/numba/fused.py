@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import math
+import operator
 import os
 import sys
 import tempfile
@@ -22,6 +23,7 @@ import numpy as np
 from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.fused import parse_program
 
+from . import _jit
 from ._jit import sync_threads
 
 _kernels: dict[tuple, object] = {}
@@ -184,6 +186,7 @@ def _kernel(program: tuple, d: int, patterns):
 # (program, dtype, input shapes) -> what a call needs besides its arrays; one entry per shape
 # signature a session plans, so the broadcast and collapse are worked out once, not per call
 _plans: dict[tuple, tuple] = {}
+_SHAPE = operator.attrgetter("shape")
 _MAX_PLANS = 4096
 
 
@@ -209,19 +212,14 @@ def fused_elementwise(*inputs, program=(), out=None):
     when given (C-contiguous, of the output's shape and dtype)."""
     sync_threads()
     dtype = inputs[0].dtype
-    key = (tuple(program), dtype, tuple([a.shape for a in inputs]))
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plan(key)
+    key = (tuple(program), dtype, tuple(map(_SHAPE, inputs)))
+    plan = _plans.get(key) or _plan(key)
     out_shape, size, dims, shaped, fn = plan
     if out is None:
         out = np.empty(out_shape, dtype)
     if size == 0:
         return out
-    args = []
-    for a, s in zip(inputs, shaped):
-        if a.dtype != dtype or not a.flags.c_contiguous:
-            a = np.ascontiguousarray(a, dtype)
-        args.append(a.reshape(s))
-    fn(out.reshape(dims), *args)
+    # reshape copies only an input it cannot view (numba takes strided views as they are)
+    args = [a.reshape(s) for a, s in zip(inputs, shaped)]
+    (fn if _jit._parallel else fn.serial)(out.reshape(dims), *args)
     return out
