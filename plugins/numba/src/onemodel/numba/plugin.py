@@ -35,6 +35,11 @@ KERNELS: dict[str, tuple[str, str]] = {
     "FusedElementwise": (f"{_K}.fused:fused_elementwise", f"{_K}.support:same_float"),
 }
 
+# optimizer updates: no op of the op set, so registered under names that are not op names.
+# onemodel-training's optimizers look them up by name (``impl(param, grad, state..., **hyper)``
+# updates in place, see optim.py) and keep their numpy update when none is registered.
+UPDATES: dict[str, str] = {"optim.SGD": f"{_K}.optim:sgd", "optim.Adam": f"{_K}.optim:adam"}
+
 # kernels that take ``out=`` (a planned buffer they fill and return; see the hookspec)
 WRITES_OUT: set[str] = {"FusedElementwise", "RMSNormalization", "BatchNormalization", "Softmax",
                         "LogSoftmax", "Erf", "Gelu", "MaxPool", "AveragePool", "GlobalAveragePool",
@@ -46,6 +51,8 @@ def onemodel_register_kernels(register) -> None:
     for op, (impl, check) in KERNELS.items():
         register(op, impl, device="cpu", dtypes=("F32", "F64"), priority=PRIORITY,
                  supports=check, writes_out=op in WRITES_OUT)
+    for name, impl in UPDATES.items():
+        register(name, impl, device="cpu", dtypes=("F32", "F64"), priority=PRIORITY)
 
 
 @hookimpl

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .optimizer import Optimizer
+from .optimizer import Optimizer, update_kernel
 
 
 class Adam(Optimizer):
@@ -20,17 +20,26 @@ class Adam(Optimizer):
 
     def _update(self, param, grad, state, group):
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        if wd:
-            if self._decoupled:
-                param *= 1 - lr * wd
-            else:
-                grad = grad + wd * param
         if not state:
             state["step"] = 0
             state["exp_avg"] = np.zeros_like(param)
             state["exp_avg_sq"] = np.zeros_like(param)
             if group["amsgrad"]:
                 state["max_exp_avg_sq"] = np.zeros_like(param)
+        vmax = state.get("max_exp_avg_sq") if group["amsgrad"] else None
+        fast = update_kernel("optim.Adam", param, grad, state["exp_avg"], state["exp_avg_sq"],
+                             *(() if vmax is None else (vmax,)))
+        if fast is not None and (vmax is not None or not group["amsgrad"]):
+            state["step"] += 1
+            fast(param, grad, state["exp_avg"], state["exp_avg_sq"], vmax, lr=lr, beta1=b1,
+                 beta2=b2, eps=eps, weight_decay=wd, decoupled=self._decoupled,
+                 step=state["step"])
+            return
+        if wd:
+            if self._decoupled:
+                param *= 1 - lr * wd
+            else:
+                grad = grad + wd * param
         state["step"] += 1
         t = state["step"]
         m, v = state["exp_avg"], state["exp_avg_sq"]

@@ -11,7 +11,32 @@ from typing import Any
 
 import numpy as np
 
-from onemodel.tensors import OneModelError, Tensor, devices
+from onemodel.tensors import DType, OneModelError, Tensor, devices, registry
+
+# (update name, numpy dtype) -> a registered update kernel, or None: use the numpy update
+_updates: dict[tuple, Any] = {}
+registry.on_change(_updates.clear)
+
+
+def update_kernel(name: str, *arrays: np.ndarray):
+    """The update a plugin registered under ``name`` (e.g. ``"optim.SGD"``: a whole step for
+    one parameter, in place) for these host arrays, or None when none is registered or the
+    arrays are not what such kernels take: C-contiguous numpy arrays of one float dtype."""
+    dt = arrays[0].dtype
+    for a in arrays:
+        if a.__class__ is not np.ndarray or a.dtype != dt or not a.flags.c_contiguous:
+            return None
+    key = (name, dt)
+    if key not in _updates:
+        fn = None
+        if dt.kind == "f":
+            want = DType.from_numpy(dt)
+            for rec in registry.kernels().get(name, ()):
+                if rec.device == "cpu" and (rec.dtypes is None or want in rec.dtypes):
+                    fn = rec.function()
+                    break
+        _updates[key] = fn
+    return _updates[key]
 
 
 def _follow_parameter(p: Tensor, state: dict, where: dict[int, str]) -> None:

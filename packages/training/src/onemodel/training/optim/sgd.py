@@ -6,7 +6,7 @@ import numpy as np
 
 from onemodel.tensors import OneModelError
 
-from .optimizer import Optimizer
+from .optimizer import Optimizer, update_kernel
 
 
 class SGD(Optimizer):
@@ -19,6 +19,16 @@ class SGD(Optimizer):
                                       maximize=maximize))
 
     def _update(self, param, grad, state, group):
+        mom = group["momentum"]
+        buf = state.get("momentum_buffer") if mom else None
+        fast = update_kernel("optim.SGD", param, grad, *(() if buf is None else (buf,)))
+        if fast is not None:
+            first = mom and buf is None
+            if first:
+                buf = state["momentum_buffer"] = np.empty_like(param)
+            fast(param, grad, buf, lr=group["lr"], momentum=mom, dampening=group["dampening"],
+                 weight_decay=group["weight_decay"], nesterov=group["nesterov"], first=first)
+            return
         d = grad + group["weight_decay"] * param if group["weight_decay"] else grad
         mom = group["momentum"]
         if mom:
