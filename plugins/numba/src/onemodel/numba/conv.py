@@ -22,10 +22,9 @@ U = np.uint64
 ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3}
 _COLS_BUDGET = 32 << 20  # bytes of im2col columns built at once
 _NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
-# depthwise outputs at most this many pixels per plane take the tap-table kernel (strided, and
-# stride 1): measured faster there than the padded-plane kernel, slower on larger planes
+# strided depthwise outputs of at most this many pixels per plane take the tap-table kernel:
+# measured faster there than the padded-plane (stride-phase) kernel, slower on larger planes
 _TABLE_MAX_STRIDED = 64
-_TABLE_MAX = 9
 # GEMM over the whole batch at once (the weights read once, the result scattered to NCHW) when
 # each image's GEMM is skinny, or the weights are too big to stay in a core's cache between
 # images; else one GEMM per image, writing the output in place
@@ -317,8 +316,42 @@ def _scatter(res, bias, has_bias, act, y):
 _DW_TABLE, _DW, _DIRECT, _BY_IMAGE, _ONE_GEMM = range(5)
 
 
+def _table_wins(in_sp, k, s, pb, d, out_sp):
+    """Whether the tap-table depthwise kernel beats the padded-plane one. Strided: small
+    output planes. Stride 1: a cost model fitted to measurements, per channel: the table
+    costs about 6 units per tap inside the image, the padded plane one unit per
+    multiply-add over the padded-width plane (vectorized) plus 300 of set-up."""
+    if s != (1, 1):
+        return out_sp[0] * out_sp[1] <= _TABLE_MAX_STRIDED
+    inside = 1
+    for size, kk, p, dd, o in zip(in_sp, k, pb, d, out_sp):
+        inside *= sum(1 for y in range(o) for i in range(kk) if 0 <= y - p + i * dd < size)
+    wp = max(out_sp[1] + (k[1] - 1) * d[1], pb[1] + in_sp[1])
+    return 6 * inside < k[0] * k[1] * out_sp[0] * wp + 300
+
+
 def _key(v):
     return tuple(v) if v is not None and not isinstance(v, (str, int)) else v
+
+
+_PLANS: dict = {}  # the plans of calls whose attributes are hashable as given (tuples)
+
+
+def _plan_of(X, W, kernel_shape, strides, pads, dilations, auto_pad, group):
+    """:func:`_plan` of a call: one dict lookup when the attributes come as tuples."""
+    key = (X.shape, W.shape, X.itemsize, kernel_shape, strides, pads, dilations, auto_pad, group)
+    try:
+        return _PLANS[key]
+    except (KeyError, TypeError):
+        pass
+    plan = _plan(X.shape, W.shape, X.itemsize, _key(kernel_shape), _key(strides), _key(pads),
+                 _key(dilations), auto_pad, group)
+    try:
+        if len(_PLANS) < 4096:
+            _PLANS[key] = plan
+    except TypeError:  # a list among the attributes
+        pass
+    return plan
 
 
 @functools.lru_cache(maxsize=1024)
@@ -332,8 +365,7 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
     length = oh * ow
     rows = c * k[0] * k[1]
     if group > 1 and c == group:
-        small = _TABLE_MAX_STRIDED if s != (1, 1) else _TABLE_MAX
-        path = _DW_TABLE if length <= small else _DW
+        path = _DW_TABLE if _table_wins((h, w), k, s, pb, d, (oh, ow)) else _DW
     elif k == (1, 1) and s == (1, 1) and pb == (0, 0) and (oh, ow) == (h, w):
         path = _DIRECT  # the input already is the GEMM operand
     elif n > 1 and (length <= _ONE_GEMM_MAX_LENGTH
@@ -363,9 +395,8 @@ def _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides,
     sync_threads()
     X = np.ascontiguousarray(X)
     W = np.ascontiguousarray(W)
-    path, shape, s, pb, d, k, chunk = _plan(
-        X.shape, W.shape, X.itemsize, _key(kernel_shape), _key(strides), _key(pads),
-        _key(dilations), auto_pad, group)
+    path, shape, s, pb, d, k, chunk = _plan_of(X, W, kernel_shape, strides, pads, dilations,
+                                               auto_pad, group)
     y = np.empty(shape, X.dtype) if out is None else out
     n, m, oh, ow = shape
     if y.size == 0:
@@ -428,9 +459,8 @@ def _grad_setup(X, W, dY, auto_pad, dilations, group, kernel_shape, pads, stride
     X = np.ascontiguousarray(X)
     W = np.ascontiguousarray(W, dtype=X.dtype)
     dY = np.ascontiguousarray(dY, dtype=X.dtype)
-    _, shape, s, pb, d, k, chunk = _plan(
-        X.shape, W.shape, X.itemsize, _key(kernel_shape), _key(strides), _key(pads),
-        _key(dilations), auto_pad, group)
+    _, shape, s, pb, d, k, chunk = _plan_of(X, W, kernel_shape, strides, pads, dilations,
+                                            auto_pad, group)
     return X, W, dY, shape, s, pb, d, k, chunk
 
 
