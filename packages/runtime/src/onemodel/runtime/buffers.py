@@ -206,9 +206,11 @@ class BufferPool:
     def checkout(self) -> tuple[BufferSet, bool]:
         """A free set, or a new one; the flag says whether the pool now keeps one more set
         than the first (the plan's ``nbytes`` counts the first from the start)."""
+        try:  # list.pop and list.append are atomic: no lock on the common path
+            return self._free.pop(), False
+        except IndexError:
+            pass
         with self.lock:
-            if self._free:
-                return self._free.pop(), False
             keep = self.kept < self.max_sets
             if keep:
                 self.kept += 1
@@ -218,5 +220,4 @@ class BufferPool:
 
     def checkin(self, bufs: BufferSet) -> None:
         if bufs.kept:
-            with self.lock:
-                self._free.append(bufs)
+            self._free.append(bufs)

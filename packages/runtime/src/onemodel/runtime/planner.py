@@ -217,7 +217,7 @@ class Plan:
         """``results`` as arrays the caller owns: a result on the memory of an input, of a
         constant, of a planned buffer (``buffers``: the ids of this run's arenas), or of an
         earlier result (a view, or the array itself) is copied."""
-        consts = self.const_roots | buffers if buffers else self.const_roots
+        consts = self.const_roots
         fed = None
         seen: set[int] = set()
         owned = []
@@ -239,7 +239,7 @@ class Plan:
                 if fed is None:
                     fed = {id(memory_root(a)) for a in arrays if isinstance(a, np.ndarray)}
                 shared = root is None or id(root) in fed
-            if shared or id(root) in consts or id(root) in seen:
+            if shared or id(root) in consts or id(root) in seen or id(root) in buffers:
                 value = value.copy()
                 root = value
             seen.add(id(root))
