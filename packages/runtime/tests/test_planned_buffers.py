@@ -287,9 +287,13 @@ def test_plans_after_a_data_dependent_size_use_buffers(plugin):
     want = _relu(np.tanh(_relu(np.array(np.nonzero(_relu(xv)), np.float32))))
     for _ in range(3):
         np.testing.assert_allclose(s.run({"x": xv}, return_numpy=True)[y], want, 1e-6)
-    cont = _plan(s).steps[-1].call
+    plan = _plan(s)
+    cont = plan.steps[-1].call
     (sub,) = list(cont._plans.values())
     assert sub.buffer_pool is not None and sub.buffer_pool.made == 1
+    # the continuation's plans (and their buffers) count in the plan's bytes and the cache's
+    assert plan.nbytes == plan.buffer_pool.set_nbytes + sub.nbytes
+    assert s.cache_info().nbytes == plan.nbytes
 
 
 @pytest.mark.filterwarnings("ignore::onemodel.tensors.devices.DeviceFallbackWarning")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from .guards import check_guards
 
 DEVICE = "cpu"
 _PLAN_CONST_MAX = 4096  # elements: what plan-time evaluation may produce
+_NBYTES_LOCK = threading.Lock()  # a plan's nbytes grows when runs add buffer sets or plans
 
 
 class ExecutionError(OneModelError):
@@ -125,7 +127,7 @@ class Plan:
         pool = self._pool
         bufs, grew = pool.checkout()
         if grew:  # the first set is counted from the start
-            with pool.lock:
+            with _NBYTES_LOCK:
                 self.nbytes += pool.set_nbytes
         return bufs
 
@@ -488,6 +490,8 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
                 own, roots)
     if layout is not None:
         plan._pool = BufferPool(layout)
+    if rest:
+        cont.owner = weakref.ref(plan)  # its plans' bytes count as this plan's
     return plan
 
 
@@ -539,6 +543,7 @@ class Continuation:
         self._value_inputs: list[int] | None = None
         self._lock = threading.Lock()
         self.hits = self.builds = 0
+        self.owner = None  # weakref to the plan this continues: its nbytes counts these plans
 
     def label(self) -> str:
         return f"the nodes after {self.after}"
@@ -576,9 +581,15 @@ class Continuation:
             plan = make_plan(g, shapes, self.wanted, fixed, buffers=self.buffers)
             with self._lock:
                 self.builds += 1
+                old = self._plans.get(key)
                 self._plans[key] = plan
+                delta = plan.nbytes - (old.nbytes if old is not None else 0)
                 while len(self._plans) > self.MAX_PLANS:
-                    self._plans.popitem(last=False)
+                    delta -= self._plans.popitem(last=False)[1].nbytes
+                owner = self.owner() if self.owner is not None else None
+                if owner is not None:  # the session's plan cache re-reads it at its next hit
+                    with _NBYTES_LOCK:
+                        owner.nbytes += delta
         fed = [x for i, x in enumerate(values) if i not in (self._value_inputs or ())]
         out = plan.execute(fed)
         return tuple(out)
