@@ -2,8 +2,8 @@
 arrays, paired and interleaved (reference, numba, reference, ...), medians of per-call CPU time
 of this thread (``time.thread_time``), so that other jobs on a loaded machine inflate both
 sides alike instead of whichever call they preempted. Shapes: the training benchmark's CNN
-pooling, the model zoo's global pooling and ShuffleNet's depthwise convolutions, softmax over
-classifier and attention rows.
+pooling, the model zoo's global pooling and ShuffleNet's depthwise convolutions, the real-model
+suite's convolutions on small planes, softmax over classifier and attention rows.
 
     ONEMODEL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python plugins/numba/benchmarks/kernels.py [--reps 21]
 """
@@ -66,6 +66,22 @@ def cases(rng):
         b = rng.standard_normal(c).astype(f32)
         yield f"Conv depthwise 3x3/{stride} {shape} +bias", OPS["Conv"].kernel, conv.conv, \
             (x, w, b), dict(group=c, strides=(stride, stride), pads=(1, 1, 1, 1))
+    # the real-model suite's small planes (batch 2, 64x64 inputs): MobileNetV3's depthwise 5x5
+    # (stride 2, and stride 1 on 2x2 planes), LR-ASPP's dilated 5x5 on 4x4 planes, ResNet-18's
+    # last 3x3 convolutions (skinny per-image GEMMs) and a 1x1 on 4x4 planes
+    for xs, ws, attrs in (((2, 288, 4, 4), (288, 1, 5, 5), dict(group=288, strides=(2, 2),
+                                                                 pads=(2, 2, 2, 2))),
+                          ((2, 576, 2, 2), (576, 1, 5, 5), dict(group=576, pads=(2, 2, 2, 2))),
+                          ((2, 960, 4, 4), (960, 1, 5, 5), dict(group=960, pads=(4, 4, 4, 4),
+                                                                 dilations=(2, 2))),
+                          ((2, 512, 2, 2), (512, 512, 3, 3), dict(pads=(1, 1, 1, 1))),
+                          ((2, 256, 4, 4), (256, 256, 3, 3), dict(pads=(1, 1, 1, 1))),
+                          ((2, 160, 4, 4), (960, 160, 1, 1), {})):
+        x = rng.standard_normal(xs).astype(f32)
+        w = (rng.standard_normal(ws) * 0.1).astype(f32)
+        b = rng.standard_normal(ws[0]).astype(f32)
+        yield f"Conv {xs} w{ws[0]}x{ws[1]}x{ws[2]}x{ws[3]} +bias", OPS["Conv"].kernel, \
+            conv.conv, (x, w, b), attrs
 
 
 def main() -> None:

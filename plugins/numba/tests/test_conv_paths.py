@@ -144,3 +144,26 @@ def test_the_plan_is_made_once_per_signature():
     conv.conv(x, w, b, pads=(1, 1, 1, 1), strides=(1, 2))
     conv.conv(x, w, b, pads=[1, 1, 1, 1], strides=[1, 2])
     assert conv._plan.cache_info().misses == misses
+
+
+@pytest.mark.parametrize("xs, ws, attrs", [
+    ((2, 5, 9, 8), (5, 1, 3, 3), dict(group=5, pads=(1, 1, 1, 1))),
+    ((3, 4, 11, 10), (8, 1, 5, 3), dict(group=4, strides=(2, 3), pads=(2, 1, 0, 1),
+                                        dilations=(1, 2))),
+    ((2, 6, 4, 4), (6, 1, 5, 5), dict(group=6, pads=(4, 4, 4, 4), dilations=(2, 2))),
+    ((1, 3, 7, 7), (3, 1, 3, 3), dict(group=3, auto_pad="SAME_LOWER", strides=(2, 2))),
+    ((0, 3, 5, 5), (3, 1, 3, 3), dict(group=3)),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_depthwise_gradients_match_the_reference(xs, ws, attrs, dtype):
+    """The tap-table gradients of depthwise convolutions (a channel multiplier, strides,
+    dilation, padding that swallows most taps, an empty batch)."""
+    x, w, _ = _arrays(xs, ws, dtype, seed=5)
+    assert conv._depthwise_grad(x, attrs["group"], 1, 1, ws[2:])
+    dy = np.random.default_rng(6).standard_normal(
+        OPS["Conv"].kernel(x, w, **attrs).shape).astype(dtype)
+    for op, fn in (("ConvInputGrad", conv.conv_input_grad),
+                   ("ConvWeightGrad", conv.conv_weight_grad)):
+        got, want = fn(x, w, dy, **attrs), OPS[op].kernel(x, w, dy, **attrs)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, **TOL[dtype])

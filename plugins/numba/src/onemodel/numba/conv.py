@@ -30,6 +30,7 @@ _TABLE_MAX_STRIDED = 64
 # images; else one GEMM per image, writing the output in place
 _ONE_GEMM_MAX_LENGTH = 64
 _ONE_GEMM_MIN_WEIGHTS = 1 << 20
+_TAPS_MAX = 1 << 20  # entries of a depthwise gradient's tap table (8 bytes each)
 
 
 @jit(parallel=True)
@@ -216,21 +217,14 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
 
 
 
-@jit(parallel=True)
-def _depthwise_table(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
-    """The depthwise convolution of small output planes: for every output pixel, the list of
-    taps that land inside the image (input offset, weight offset) is made once per call and
-    shared by every channel, so a 5x5 window over a 2x2 plane costs its 4 real taps instead of
-    25, and no padded copy or stride phases are built per channel."""
-    n_img, m_out, oh, ow = out.shape
-    c_in, h, w = x.shape[1], x.shape[2], x.shape[3]
-    kh, kw = wt.shape[2], wt.shape[3]
-    length = oh * ow
+@jit()
+def _taps(h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow):
+    """For every output pixel p, its taps that land inside the image: count[p] of them,
+    src[p*kh*kw + k] the input offset (y*w + x) and tap[p*kh*kw + k] the weight offset."""
     kk = kh * kw
-    hw = h * w
-    count = np.zeros(length, np.int64)
-    src = np.empty(length * kk, np.int64)
-    tap = np.empty(length * kk, np.int64)
+    count = np.zeros(oh * ow, np.int32)
+    src = np.empty(oh * ow * kk, np.int32)
+    tap = np.empty(oh * ow * kk, np.int32)
     for y in range(oh):
         for xo in range(ow):
             p = y * ow + xo
@@ -247,6 +241,22 @@ def _depthwise_table(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, o
                     tap[p * kk + k] = i * kw + j
                     k += 1
             count[p] = k
+    return count, src, tap
+
+
+@jit(parallel=True)
+def _depthwise_table(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
+    """The depthwise convolution of small output planes: for every output pixel, the list of
+    taps that land inside the image (input offset, weight offset) is made once per call and
+    shared by every channel, so a 5x5 window over a 2x2 plane costs its 4 real taps instead of
+    25, and no padded copy or stride phases are built per channel."""
+    n_img, m_out, oh, ow = out.shape
+    c_in, h, w = x.shape[1], x.shape[2], x.shape[3]
+    kh, kw = wt.shape[2], wt.shape[3]
+    length = oh * ow
+    kk = kh * kw
+    hw = h * w
+    count, src, tap = _taps(h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
     xf = x.reshape(x.size)
     of = out.reshape(out.size)
     wf = wt.reshape(wt.size)
@@ -311,6 +321,67 @@ def _scatter(res, bias, has_bias, act, y):
         else:
             for k in range(length):
                 dst[U(k)] = _activate(src[U(base + k)] + b, act, zero)
+
+
+@jit(parallel=True)
+def _depthwise_input_grad(dy, wt, mult, sh, sw, ph, pw, dh, dw, dx):
+    """dx of a depthwise convolution (one input channel per group, ``mult`` outputs each):
+    every output gradient pixel adds g * w into the inputs its taps read (the tap table).
+    One (image, input channel) plane per task, so no two tasks write the same element."""
+    n_img, m_out, oh, ow = dy.shape
+    c_in, h, w = dx.shape[1], dx.shape[2], dx.shape[3]
+    kh, kw = wt.shape[2], wt.shape[3]
+    length = oh * ow
+    kk = kh * kw
+    hw = h * w
+    count, src, tap = _taps(h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
+    dyf = dy.reshape(dy.size)
+    wf = wt.reshape(wt.size)
+    dxf = dx.reshape(dx.size)
+    for t in prange(n_img * c_in):
+        n = t // c_in
+        c = t % c_in
+        xb = t * hw
+        for q in range(hw):
+            dxf[U(xb + q)] = 0
+        for mm in range(mult):
+            m = c * mult + mm
+            yb = (n * m_out + m) * length
+            wb = m * kk
+            for p in range(length):
+                g = dyf[U(yb + p)]
+                base = p * kk
+                for k in range(count[p]):
+                    dxf[U(xb + src[U(base + k)])] += g * wf[U(wb + tap[U(base + k)])]
+
+
+@jit(parallel=True)
+def _depthwise_weight_grad(x, dy, mult, sh, sw, ph, pw, dh, dw, dwt):
+    """dW of a depthwise convolution: for each output channel, the sum over images and output
+    pixels of g * the inputs its taps read (the tap table). One output channel per task."""
+    n_img, m_out, oh, ow = dy.shape
+    c_in, h, w = x.shape[1], x.shape[2], x.shape[3]
+    kh, kw = dwt.shape[2], dwt.shape[3]
+    length = oh * ow
+    kk = kh * kw
+    hw = h * w
+    count, src, tap = _taps(h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
+    xf = x.reshape(x.size)
+    dyf = dy.reshape(dy.size)
+    dwf = dwt.reshape(dwt.size)
+    for m in prange(m_out):
+        c = m // mult
+        acc = np.zeros(kk, dwt.dtype)
+        for n in range(n_img):
+            xb = (n * c_in + c) * hw
+            yb = (n * m_out + m) * length
+            for p in range(length):
+                g = dyf[U(yb + p)]
+                base = p * kk
+                for k in range(count[p]):
+                    acc[U(tap[U(base + k)])] += g * xf[U(xb + src[U(base + k)])]
+        for k in range(kk):
+            dwf[U(m * kk + k)] = acc[U(k)]
 
 
 _DW_TABLE, _DW, _DIRECT, _BY_IMAGE, _ONE_GEMM = range(5)
@@ -464,6 +535,12 @@ def _grad_setup(X, W, dY, auto_pad, dilations, group, kernel_shape, pads, stride
     return X, W, dY, shape, s, pb, d, k, chunk
 
 
+def _depthwise_grad(X, group, oh, ow, k):
+    """Depthwise gradients run on the tap table (its int32 offsets bounded in size) instead of
+    columns and a GEMM per channel."""
+    return group > 1 and X.shape[1] == group and oh * ow * k[0] * k[1] <= _TAPS_MAX
+
+
 def _dy_columns(dY, start, n_img, m, length):
     """dY of images [start, start + n_img) as (M, n_img * L), the layout of the columns."""
     part = dY[start:start + n_img].reshape(n_img, m, length)
@@ -478,6 +555,10 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
     by side, one GEMM per chunk (the sum over the images happens inside it)."""
     X, W, dY, (n, m, oh, ow), s, pb, d, k, chunk = _grad_setup(
         X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides)
+    if _depthwise_grad(X, group, oh, ow, k):
+        dw = np.empty(W.shape, X.dtype)
+        _depthwise_weight_grad(X, dY, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], dw)
+        return dw
     length = oh * ow
     rows = X.shape[1] * k[0] * k[1]
     mg = m // group
@@ -501,6 +582,10 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
     (one GEMM per chunk) into columns, scattered back by numba (the adjoint of the columns)."""
     X, W, dY, (n, m, oh, ow), s, pb, d, k, chunk = _grad_setup(
         X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides)
+    if _depthwise_grad(X, group, oh, ow, k):
+        dx = np.empty(X.shape, X.dtype)
+        _depthwise_input_grad(dY, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], dx)
+        return dx
     length = oh * ow
     rows = X.shape[1] * k[0] * k[1]
     mg = m // group
