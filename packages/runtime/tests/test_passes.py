@@ -336,3 +336,30 @@ def test_parameterized_activations_and_constant_powers_join_chains():
         ["Pow x0 3.0", "Mul t0 x1", "Add x0 t1"], ["Add x0 x0", "LeakyRelu t0 0.1"],
         ["HardSigmoid x0 0.2 0.5"]])
     assert sorted(n.op for n in g.nodes if n.op in ("Pow", "Relu")) == ["Pow", "Relu"]
+
+
+def test_a_producer_read_only_by_the_chain_joins_it():
+    """Gelu written out after a bias Add: x = MatMul + b feeds both the Div and the last Mul, so
+    the chain is a DAG over x; the Add is absorbed. A producer also read elsewhere, or of a
+    smaller (broadcast) shape, stays."""
+    from onemodel.runtime.passes.fusion import ElementwiseFusion
+
+    rng = np.random.default_rng(2)
+    b = GraphBuilder()
+    h = b.input("h", DType.F32, ("batch", 4, 6))
+    x = b.op("Add", b.initializer("bias", f32(rng, 6)), b.op("MatMul", h, b.initializer(
+        "w", f32(rng, 6, 6))))
+    erf = b.op("Erf", b.op("Div", x, b.const(np.float32(1.4142135))))
+    gelu = b.op("Mul", b.op("Mul", x, b.op("Add", erf, b.const(np.float32(1.0)))),
+                b.const(np.float32(0.5)))
+    b.output(gelu, "gelu")
+    shared = b.op("Add", h, h)  # also a graph output: stays
+    b.output(shared, "shared")
+    b.output(b.op("Mul", b.op("Tanh", shared), shared), "tanh")
+    small = b.op("Neg", b.initializer("v", f32(rng, 6)))  # (6,): not recomputed per element
+    b.output(b.op("Mul", b.op("Add", b.op("Sigmoid", h), small), small), "small")
+    g, _ = _check(b.build(), [ElementwiseFusion()])
+    programs = {n.outputs[0]: n.attrs["program"] for n in g.nodes if n.op == "FusedElementwise"}
+    assert programs[gelu] == ["Add x0 x1", "Div t0 x2", "Erf t1", "Add t2 x3", "Mul t0 t3",
+                              "Mul t4 x4"]
+    assert [n.op for n in g.nodes if n.op in ("Add", "Neg")] == ["Add", "Neg"]

@@ -91,9 +91,9 @@ x = b.input("x", DType.F32, ("batch", 7))
 b.output(b.op("Gelu", x), "y")
 s = Session(b.build(), threads=1)
 from onemodel.numba import activation
-before = len(activation._gelu.serial.signatures)
+before = len(activation._gelu_f32.serial.signatures)
 s.warmup({"x": (2, 7)})
-print(before, [str(t[0]) for t in activation._gelu.serial.signatures])
+print(before, [str(t[0]) for t in activation._gelu_f32.serial.signatures])
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()

@@ -29,8 +29,8 @@ class ElementwiseFusion(Pass):
                "gives chain_operands: Add or two-input Sum, Sub, Mul, Div, Relu, Sigmoid, Tanh, "
                "Erf, Exp, Neg, Abs, Sqrt, HardSigmoid, HardSwish, LeakyRelu, Clip with constant "
                "bounds, Pow with a constant exponent) whose intermediate results have one reader "
-               "and the chain's shape, and each lone op of ``alone``, with one FusedElementwise "
-               "node")
+               "and the chain's shape (with the producers of its inputs that only the chain "
+               "reads), and each lone op of ``alone``, with one FusedElementwise node")
     # ops worth a FusedElementwise node of their own: their reference kernels make several
     # passes over memory and temporaries (np.clip, np.where), one generated loop makes one
     alone = frozenset({"HardSwish", "HardSigmoid", "LeakyRelu"})
@@ -59,9 +59,10 @@ class ElementwiseFusion(Pass):
                     break
                 chain.append(nxt)
                 final = specs[nxt.outputs[0]]
-            if len(chain) < 2 and _op(node) not in self.alone:
-                continue
             if any(tuple(specs[n.outputs[0]].shape) != tuple(final.shape) for n in chain[1:]):
+                continue
+            self._absorb(graph, chain, uses, taken, specs, final)
+            if len(chain) < 2 and _op(node) not in self.alone:
                 continue
             candidate = self._build(graph, chain)
             if candidate is None or not same_spec(candidate, specs, [final]):
@@ -75,6 +76,37 @@ class ElementwiseFusion(Pass):
             uses.producer[candidate.outputs[0]] = candidate
             fused += 1
         return PassResult(fused)
+
+    def _absorb(self, graph: Graph, chain: list[Node], uses: Uses, taken: set[int], specs,
+                final) -> None:
+        """Prepend to ``chain`` the producers of its inputs that only the chain reads (so the
+        chain is a DAG over one value read twice, as in x * (1 + erf(x / c)) after a bias Add),
+        when they are fusable and of the chain's shape (a smaller value is not recomputed per
+        output element)."""
+        grown = True
+        while grown:
+            grown = False
+            inside = {id(n) for n in chain}
+            made = {n.outputs[0] for n in chain}
+            for n in list(chain):
+                for name in n.inputs[:chain_operands(_op(n))]:
+                    if name in made or name in uses.outputs:
+                        continue
+                    p = uses.producer.get(name)
+                    if p is None or id(p) in taken or id(p) in inside or \
+                            chain_operands(_op(p)) is None or any(i in made for i in p.inputs):
+                        continue
+                    readers = uses.readers.get(name, ())
+                    if not readers or any(id(r) not in inside for r in readers):
+                        continue
+                    if tuple(specs[name].shape) != tuple(final.shape) or \
+                            not self._fusable(graph, p, specs):
+                        continue
+                    chain.insert(0, p)
+                    grown = True
+                    break
+                if grown:
+                    break
 
     @staticmethod
     def _fusable(graph: Graph, n: Node, specs) -> bool:
