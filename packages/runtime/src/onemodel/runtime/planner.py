@@ -8,8 +8,9 @@ later values. Steps whose kernel writes ``out=`` get planned output buffers, reu
 run once the value held there is dead (buffers.py). The result is a flat list of steps.
 
 What ``Plan.execute`` guarantees, whatever the kernels do: outputs are arrays the caller owns
-(none shares memory with an input, a constant of the plan, or another output), and any error a
-kernel raises ends as an :class:`ExecutionError` naming the node, its op and its input shapes.
+(none shares memory with an input, a constant of the plan, a planned buffer, or another output),
+and any error a kernel raises ends as an :class:`ExecutionError` naming the node, its op and its
+input shapes.
 
 Data-dependent sizes: a node whose output sizes the shape rules cannot give from these input
 shapes (NonZero, Unique, NonMaxSuppression, a Loop's stacked outputs, a Reshape to a target
