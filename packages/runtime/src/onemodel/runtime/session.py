@@ -58,7 +58,8 @@ class Session:
     ``planned_buffers`` (default: ``ONEMODEL_PLANNED_BUFFERS``, else on): kernels that write
     ``out=`` get output buffers the plan reuses from run to run, so steady-state runs at one
     shape make no new arrays for them (see ``onemodel.runtime.buffers``); ``False`` makes every
-    step allocate its outputs."""
+    step of the session's plans allocate its outputs (the subgraphs of If, Loop and Scan, run by
+    the graph's own runner, follow ``ONEMODEL_PLANNED_BUFFERS``). Device sessions plan none."""
 
     def __init__(self, graph: Graph, *, optimize: bool = True, threads: int | None = None,
                  optimization_level: str = "all", profile: bool = False, device: str = "cpu",
