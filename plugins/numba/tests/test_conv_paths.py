@@ -1,9 +1,9 @@
-"""Each path of the numba convolution (the depthwise tap table and padded-plane kernels, the
-direct 1x1 GEMMs, columns with one GEMM per image or one GEMM over the whole batch, chunked
-or not) against the reference kernel, with and without a planned ``out=`` buffer; the
-gradients over several chunks; Relu keeping NaN as the reference does. Each case also checks
-that it takes the path it is named for, so a change of the selection rules cannot leave a path
-untested."""
+"""Each path of the numba convolution (the depthwise channels-last, tap-table and padded-plane
+kernels, the direct 1x1 GEMMs, columns with one GEMM per image or one GEMM over the whole
+batch, chunked or not) against the reference kernel, with and without a planned ``out=``
+buffer; the gradients over several chunks and of depthwise convolutions; Relu keeping NaN as
+the reference does. Each case also checks that it takes the path it is named for, so a change
+of the selection rules cannot leave a path untested."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ CASES = [
     (conv._BY_IMAGE, (3, 4, 10, 9), (6, 2, 3, 2), dict(group=2, pads=(1, 0, 1, 1))),
     (conv._DW_TABLE, (0, 4, 3, 3), (4, 1, 3, 3), dict(group=4)),
     (conv._BY_IMAGE, (1, 3, 9, 9), (4, 3, 3, 3), {}),
+    (conv._DW_NHWC, (2, 20, 4, 4), (20, 1, 5, 5), dict(group=20, pads=(2, 2, 2, 2))),
+    (conv._DW_NHWC, (2, 17, 13, 12), (17, 1, 3, 3), dict(group=17, strides=(2, 3),
+                                                         pads=(2, 1, 0, 1), dilations=(2, 1))),
+    (conv._DW_NHWC, (1, 32, 3, 3), (32, 1, 3, 3), dict(group=32, auto_pad="SAME_UPPER")),
 ]
 ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh"]
 
@@ -120,8 +124,8 @@ def test_chunks_forward_and_gradients(xs, ws, attrs, small_chunks):
                                    **TOL[np.float64])
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5], CASES[8], CASES[11]],
-                         ids=["table", "plane", "direct", "one-gemm", "by-image"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5], CASES[8], CASES[11], CASES[-2]],
+                         ids=["table", "plane", "direct", "one-gemm", "by-image", "nhwc"])
 def test_relu_keeps_nan_and_infinities_like_the_reference(case):
     _, xs, ws, attrs = case
     x, w, b = _arrays(xs, ws, np.float32, seed=4)
@@ -167,3 +171,32 @@ def test_depthwise_gradients_match_the_reference(xs, ws, attrs, dtype):
         got, want = fn(x, w, dy, **attrs), OPS[op].kernel(x, w, dy, **attrs)
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_allclose(got, want, **TOL[dtype])
+
+
+@pytest.fixture
+def parallel_variants(monkeypatch):
+    """Every kernel call takes its parallel (prange) variant, on two threads."""
+    from onemodel.numba import _jit
+    from onemodel.tensors import threads
+
+    saved = threads.num_threads()
+    monkeypatch.setattr(_jit, "PARALLEL_MIN_BYTES", 0)
+    threads.set_num_threads(2)
+    _jit.sync_threads()
+    monkeypatch.setattr(_jit, "_parallel", True)
+    yield
+    threads.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{p}-{i}" for i, (p, *_) in enumerate(CASES)])
+def test_parallel_variants_match_the_reference(case, parallel_variants):
+    path, xs, ws, attrs = case
+    x, w, b = _arrays(xs, ws, np.float32, seed=7)
+    got, want = _run(x, w, b, "Relu", attrs)
+    np.testing.assert_allclose(got, want, **TOL[np.float32])
+    if path <= conv._DW:
+        dy = np.random.default_rng(8).standard_normal(want.shape).astype(np.float32)
+        for op, fn in (("ConvInputGrad", conv.conv_input_grad),
+                       ("ConvWeightGrad", conv.conv_weight_grad)):
+            np.testing.assert_allclose(fn(x, w, dy, **attrs), OPS[op].kernel(x, w, dy, **attrs),
+                                       rtol=1e-4, atol=1e-4)

@@ -22,6 +22,12 @@ U = np.uint64
 ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3}
 _COLS_BUDGET = 32 << 20  # bytes of im2col columns built at once
 _NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
+# depthwise convolutions without a channel multiplier, with at least this many channels and
+# output planes this small, run channels-last (vectorized over the channels): measured 2-10x
+# faster than the per-channel kernels there; below 16 channels a vector is not filled
+_NHWC_MIN_CHANNELS = 16
+_NHWC_MAX_LENGTH = 64
+_NHWC_MAX_LENGTH_STRIDED = 256
 # strided depthwise outputs of at most this many pixels per plane take the tap-table kernel:
 # measured faster there than the padded-plane (stride-phase) kernel, slower on larger planes
 _TABLE_MAX_STRIDED = 64
@@ -277,6 +283,60 @@ def _depthwise_table(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, o
 
 
 @jit(parallel=True)
+def _depthwise_nhwc(x, wt, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
+    """The depthwise convolution (one output channel per input channel) of small planes with
+    many channels: input and weights copied channels-last, so every tap of an output pixel
+    is one contiguous multiply-add over all the channels (vectorized), and only taps inside
+    the image are visited; the result is stored back to NCHW with bias and activation."""
+    n_img, c, h, w = x.shape
+    oh, ow = out.shape[2], out.shape[3]
+    kh, kw = wt.shape[2], wt.shape[3]
+    hw = h * w
+    length = oh * ow
+    kk = kh * kw
+    xf = x.reshape(x.size)
+    wf = wt.reshape(wt.size)
+    of = out.reshape(out.size)
+    xt = np.empty(x.size, x.dtype)  # (n, h, w, c)
+    for t in prange(n_img * c):
+        n = t // c
+        ch = t % c
+        for q in range(hw):
+            xt[U((n * hw + q) * c + ch)] = xf[U(t * hw + q)]
+    wtt = np.empty(kk * c, x.dtype)  # (kh, kw, c)
+    for ch in range(c):
+        for q in range(kk):
+            wtt[U(q * c + ch)] = wf[U(ch * kk + q)]
+    zero = np.zeros(1, out.dtype)[0]
+    for t in prange(n_img * oh):
+        n = t // oh
+        y = t % oh
+        acc = np.empty(c, out.dtype)
+        for xo in range(ow):
+            if has_bias:
+                for ch in range(c):
+                    acc[U(ch)] = bias[U(ch)]
+            else:
+                for ch in range(c):
+                    acc[U(ch)] = zero
+            for i in range(kh):
+                iy = y * sh - ph + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                for j in range(kw):
+                    ix = xo * sw - pw + j * dw
+                    if ix < 0 or ix >= w:
+                        continue
+                    xb = ((n * h + iy) * w + ix) * c
+                    wb = (i * kw + j) * c
+                    for ch in range(c):
+                        acc[U(ch)] += xt[U(xb + ch)] * wtt[U(wb + ch)]
+            ob = n * c * length + y * ow + xo
+            for ch in range(c):
+                of[U(ob + ch * length)] = _activate(acc[U(ch)], act, zero)
+
+
+@jit(parallel=True)
 def _epilogue(y, bias, has_bias, act):
     """y[n, m, :] = act(y + bias[m]) in place; act: 0 none, 1 Relu, 2 Sigmoid, 3 Tanh. One
     loop per activation, written out here (not through a helper), so the common ones
@@ -384,7 +444,7 @@ def _depthwise_weight_grad(x, dy, mult, sh, sw, ph, pw, dh, dw, dwt):
             dwf[U(m * kk + k)] = acc[U(k)]
 
 
-_DW_TABLE, _DW, _DIRECT, _BY_IMAGE, _ONE_GEMM = range(5)
+_DW_NHWC, _DW_TABLE, _DW, _DIRECT, _BY_IMAGE, _ONE_GEMM = range(6)
 
 
 def _table_wins(in_sp, k, s, pb, d, out_sp):
@@ -436,7 +496,11 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
     length = oh * ow
     rows = c * k[0] * k[1]
     if group > 1 and c == group:
-        path = _DW_TABLE if _table_wins((h, w), k, s, pb, d, (oh, ow)) else _DW
+        if m == c and c >= _NHWC_MIN_CHANNELS and (
+                length <= _NHWC_MAX_LENGTH or (s != (1, 1) and length <= _NHWC_MAX_LENGTH_STRIDED)):
+            path = _DW_NHWC
+        else:
+            path = _DW_TABLE if _table_wins((h, w), k, s, pb, d, (oh, ow)) else _DW
     elif k == (1, 1) and s == (1, 1) and pb == (0, 0) and (oh, ow) == (h, w):
         path = _DIRECT  # the input already is the GEMM operand
     elif n > 1 and (length <= _ONE_GEMM_MAX_LENGTH
@@ -474,7 +538,10 @@ def _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides,
         return y
     has_bias = B is not None
     bias = np.ascontiguousarray(B) if has_bias else _NO_BIAS[X.dtype]
-    if path <= _DW:  # bias and activation applied in the same pass
+    if path == _DW_NHWC:  # bias and activation applied in the same pass
+        _depthwise_nhwc(X, W, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias, act, y)
+        return y
+    if path <= _DW:
         kernel = _depthwise_table if path == _DW_TABLE else _depthwise
         kernel(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias, act, y)
         return y
