@@ -73,32 +73,40 @@ def _class_indices(target: Tensor, c: int, ignore_index: int, fn: str):
     are checked), which are kept (not ``ignore_index``), and the class each picks (0 if not)."""
     if target.dtype not in (DType.I64, DType.I32):
         raise OneModelError(f"{fn} target must hold class indices (I64), got {target.dtype.name}")
-    t = target._host().astype(np.int64, copy=False)
+    t = target._host()
+    if t.dtype != np.int64:
+        t = t.astype(np.int64)
     valid = t != ignore_index
-    safe = np.where(valid, t, 0)
-    if np.any((safe < 0) | (safe >= c)):
+    safe = t if valid.all() else np.where(valid, t, 0)
+    if safe.size and (safe.min() < 0 or safe.max() >= c):
         raise OneModelError(f"{fn} target holds a class outside [0, {c})")
     return t, valid, safe
 
 
-def _picking_weights(log_probs: Tensor, safe, valid, weight: Tensor | None, smoothing: float):
+def _picking_weights(log_probs: Tensor, safe, valid, weight: Tensor | None, smoothing: float,
+                     mean: bool):
     """``W`` (the shape of ``log_probs``) with per-sample losses ``sum over axis 1 of
     log_probs * W``: minus the target's class weight at the target class (times
     ``1 - smoothing``), minus ``smoothing / C`` times each class weight everywhere (label
-    smoothing), zero on ignored samples; and the samples' summed weight (the mean's divisor).
-    One multiply and one sum then replace a mask, a select, a negation and a weighting: a
-    fraction of the ops (forward and backward) of a training step's loss."""
+    smoothing), zero on ignored samples, all divided by the samples' summed weight for a
+    ``mean``; and that sum. One multiply and one sum then replace a mask, a select, a negation
+    and a weighting: a fraction of the ops (forward and backward) of a training step's loss."""
     dt = log_probs.dtype.numpy
     c = log_probs.shape[1]
-    w = np.ones(c, dt) if weight is None else weight._host().astype(dt, copy=False)
-    sample_w = np.where(valid, w[safe], 0).astype(dt)
+    w = None if weight is None else weight._host().astype(dt, copy=False)
+    sample_w = valid.astype(dt) if w is None else np.where(valid, w[safe], 0).astype(dt)
+    total = float(sample_w.sum(dtype=np.float64))
+    scale = 1.0 / total if mean and total else 1.0
     wt = np.zeros(log_probs.shape, dt)
-    picked = np.expand_dims(-(1.0 - smoothing) * sample_w, 1).astype(dt)
-    np.put_along_axis(wt, np.expand_dims(safe, 1), picked, axis=1)
+    picked = sample_w * dt.type(-(1.0 - smoothing) * scale)
+    if wt.ndim == 2:
+        wt[np.arange(len(safe)), safe] = picked
+    else:
+        np.put_along_axis(wt, np.expand_dims(safe, 1), np.expand_dims(picked, 1), axis=1)
     if smoothing:
-        spread = (w * (-smoothing / c)).reshape((1, c) + (1,) * (log_probs.ndim - 2))
-        wt += np.expand_dims(valid, 1) * spread.astype(dt)
-    return wt, float(sample_w.sum(dtype=np.float64))
+        spread = (np.ones(c, dt) if w is None else w) * dt.type(-smoothing / c * scale)
+        wt += np.expand_dims(valid, 1) * spread.reshape((1, c) + (1,) * (wt.ndim - 2))
+    return wt, total
 
 
 def _picked_loss(log_probs: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
@@ -110,14 +118,13 @@ def _picked_loss(log_probs: Tensor, target: Tensor, weight: Tensor | None, ignor
     _, valid, safe = _class_indices(target, log_probs.shape[1], ignore_index, fn)
     if np.isneginf(log_probs._host()).any():
         return None
-    wt, total = _picking_weights(log_probs, safe, valid, weight, smoothing)
+    wt, total = _picking_weights(log_probs, safe, valid, weight, smoothing, reduction == "mean")
     if reduction == "none":
         return (log_probs * _to(wt, log_probs)).sum(axis=1)
-    if reduction == "mean":
-        if total == 0:  # every sample ignored or weighted zero: 0 / 0, as in PyTorch
-            return (log_probs * _to(wt, log_probs)).sum() / 0.0
-        wt *= wt.dtype.type(1.0 / total)
-    return (log_probs * _to(wt, log_probs)).sum()
+    loss = (log_probs * _to(wt, log_probs)).sum()
+    if reduction == "mean" and total == 0:  # every sample ignored or weighted zero: 0 / 0
+        return loss / 0.0
+    return loss
 
 
 def _to(a: np.ndarray, like: Tensor) -> Tensor:
