@@ -225,7 +225,8 @@ def test_concurrent_runs_on_one_session(plugin):
         t.join()
     assert not errors
     pool = _plan(s).buffer_pool
-    assert 1 <= pool.made <= 4 and pool.kept == pool.made and len(pool._free) == pool.kept
+    # runs overlapped (the kernels sleep), each on its own set: at most one set per thread
+    assert 2 <= pool.made <= 4 and pool.kept == pool.made and len(pool._free) == pool.kept
     # the plan's bytes count every set its pool keeps, and the cache counts them at a hit
     plan = _plan(s)
     assert plan.nbytes == pool.kept * pool.set_nbytes
