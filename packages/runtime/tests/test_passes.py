@@ -329,13 +329,16 @@ def test_parameterized_activations_and_constant_powers_join_chains():
     b.output(b.op("Pow", x, b.initializer("p", np.full((1, 4), 2.0, np.float32))), "pow")
     b.output(b.op("Relu", x), "relu")
     b.output(b.op("HardSigmoid", x), "hsig")
+    b.output(b.op("Sigmoid", x), "sig")  # float32: alone too
+    b.output(b.op("Sigmoid", b.input("d", DType.F64, ("batch", 4))), "sig64")  # float64: stays
     g, _ = _check(b.build(), [ElementwiseFusion()])
     programs = sorted(n.attrs["program"] for n in g.nodes if n.op == "FusedElementwise")
     assert programs == sorted([
         ["HardSigmoid x0 0.25 0.4", "Mul x0 t0"], ["HardSwish x0"],
         ["Pow x0 3.0", "Mul t0 x1", "Add x0 t1"], ["Add x0 x0", "LeakyRelu t0 0.1"],
-        ["HardSigmoid x0 0.2 0.5"]])
-    assert sorted(n.op for n in g.nodes if n.op in ("Pow", "Relu")) == ["Pow", "Relu"]
+        ["HardSigmoid x0 0.2 0.5"], ["Sigmoid x0"]])
+    assert sorted(n.op for n in g.nodes if n.op in ("Pow", "Relu", "Sigmoid")) == [
+        "Pow", "Relu", "Sigmoid"]
 
 
 def test_a_producer_read_only_by_the_chain_joins_it():

@@ -1,4 +1,4 @@
-"""The float32 erf and tanh of ``_vecmath`` (used by the fused and activation kernels) against
+"""The float32 erf, tanh, exp and sigmoid of ``_vecmath`` (used by the fused and activation kernels) against
 libm in float64, on a dense grid over their whole curved range, tiny and huge magnitudes, and
 special values."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from onemodel.numba._vecmath import erf32, tanh32
+from onemodel.numba._vecmath import erf32, exp32, sigmoid32, tanh32
 
 
 @njit(error_model="numpy")
@@ -49,3 +49,46 @@ def test_special_values(apply):
     got = np.empty_like(x)
     apply(x, got)
     assert np.isnan(got[0]) and got[1] == 1.0 and got[2] == -1.0
+
+
+@njit(error_model="numpy")
+def _apply_exp(x, out):
+    for i in range(x.size):
+        out[i] = exp32(x[i])
+
+
+@njit(error_model="numpy")
+def _apply_sigmoid(x, out):
+    for i in range(x.size):
+        out[i] = sigmoid32(x[i])
+
+
+def test_exp_and_sigmoid_match_libm():
+    """Relative 2e-7 wherever the result is a normal float32; subnormal results are 0, results
+    beyond float32's range inf, as at the edges (88.72 and -87.34) themselves."""
+    x = np.concatenate([np.linspace(-110, 100, 400001).astype(np.float32),
+                        np.linspace(88.0, 88.8, 20001).astype(np.float32),
+                        np.linspace(-88.0, -87.0, 20001).astype(np.float32)])
+    got = np.empty_like(x)
+    _apply_exp(x, got)
+    want = np.exp(x.astype(np.float64))
+    normal = (want >= np.finfo(np.float32).tiny) & (want <= np.finfo(np.float32).max)
+    np.testing.assert_allclose(got[normal], want[normal], rtol=2e-7, atol=0)
+    below = want < np.finfo(np.float32).tiny
+    assert np.all((got[below] == 0) | (got[below] == np.finfo(np.float32).tiny))
+    assert np.all(np.isposinf(got[want > np.finfo(np.float32).max]))
+    _apply_sigmoid(x, got)
+    want = 1 / (1 + np.exp(-x.astype(np.float64)))
+    normal = want >= np.finfo(np.float32).tiny
+    np.testing.assert_allclose(got[normal], want[normal], rtol=3e-7, atol=0)
+    assert np.all(got[~normal] == 0)
+
+
+@pytest.mark.parametrize("apply, want", [(_apply_exp, [np.nan, np.inf, 0.0, 1.0]),
+                                         (_apply_sigmoid, [np.nan, 1.0, 0.0, 0.5])],
+                         ids=["exp", "sigmoid"])
+def test_exp_and_sigmoid_special_values(apply, want):
+    x = np.array([np.nan, np.inf, -np.inf, -0.0], np.float32)
+    got = np.empty_like(x)
+    apply(x, got)
+    np.testing.assert_array_equal(got, np.array(want, np.float32))

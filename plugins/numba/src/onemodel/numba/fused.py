@@ -41,8 +41,10 @@ _EXPR = {
 }
 
 
-# float32 kernels: erf and tanh in arithmetic that vectorizes (``_vecmath``), not libm's
-_EXPR_F32 = {**_EXPR, "Erf": "_erf32({0})", "Tanh": "_tanh32({0})"}
+# float32 kernels: erf, tanh, exp and sigmoid in arithmetic that vectorizes (``_vecmath``),
+# not libm's
+_EXPR_F32 = {**_EXPR, "Erf": "_erf32({0})", "Tanh": "_tanh32({0})", "Exp": "_exp32({0})",
+             "Sigmoid": "_sigmoid32({0})"}
 
 
 def _literal(v: float) -> str:
@@ -77,7 +79,8 @@ import math
 from numba import njit, prange
 
 from onemodel.numba._jit import jit
-from onemodel.numba._vecmath import erf32 as _erf32, tanh32 as _tanh32
+from onemodel.numba._vecmath import erf32 as _erf32, exp32 as _exp32, sigmoid32 as _sigmoid32
+from onemodel.numba._vecmath import tanh32 as _tanh32
 
 
 @njit(cache=True, inline="always")

@@ -31,9 +31,12 @@ class ElementwiseFusion(Pass):
                "bounds, Pow with a constant exponent) whose intermediate results have one reader "
                "and the chain's shape (with the producers of its inputs that only the chain "
                "reads), and each lone op of ``alone``, with one FusedElementwise node")
-    # ops worth a FusedElementwise node of their own: their reference kernels make several
-    # passes over memory and temporaries (np.clip, np.where), one generated loop makes one
-    alone = frozenset({"HardSwish", "HardSigmoid", "LeakyRelu"})
+    # ops worth a FusedElementwise node of their own, for these dtypes: their reference kernels
+    # make several passes over memory and temporaries (np.clip, np.where), one generated loop
+    # makes one (Sigmoid: float32 only, whose exp the fused kernels vectorize; libm's float64
+    # exp per element loses to numpy's)
+    alone: dict[str, tuple[DType, ...]] = {"HardSwish": _FLOATS, "HardSigmoid": _FLOATS,
+                                           "LeakyRelu": _FLOATS, "Sigmoid": (DType.F32,)}
 
     def run(self, graph: Graph) -> PassResult:
         uses = Uses(graph)
@@ -62,7 +65,7 @@ class ElementwiseFusion(Pass):
             if any(tuple(specs[n.outputs[0]].shape) != tuple(final.shape) for n in chain[1:]):
                 continue
             self._absorb(graph, chain, uses, taken, specs, final)
-            if len(chain) < 2 and _op(node) not in self.alone:
+            if len(chain) < 2 and final.dtype not in self.alone.get(_op(node), ()):
                 continue
             candidate = self._build(graph, chain)
             if candidate is None or not same_spec(candidate, specs, [final]):
