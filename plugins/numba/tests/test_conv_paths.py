@@ -109,6 +109,7 @@ def small_chunks(monkeypatch):
     ((5, 3, 6, 6), (4, 3, 3, 3), dict(pads=(1, 1, 1, 1))),  # one GEMM per chunk
     ((3, 2, 13, 12), (4, 2, 3, 3), dict(pads=(1, 1, 1, 1))),  # one GEMM per image
     ((5, 4, 5, 5), (6, 2, 3, 3), dict(group=2, strides=(2, 1), pads=(1, 1, 1, 1))),
+    ((4, 2, 4, 4), (40, 2, 1, 1), dict(strides=(2, 2))),  # chunks bounded by the GEMM result
 ])
 def test_chunks_forward_and_gradients(xs, ws, attrs, small_chunks):
     x, w, b = _arrays(xs, ws, np.float64, seed=2)

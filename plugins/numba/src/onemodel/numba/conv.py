@@ -20,7 +20,7 @@ from ._jit import jit, sync_threads
 
 U = np.uint64
 ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3}
-_COLS_BUDGET = 32 << 20  # bytes of im2col columns built at once
+_COLS_BUDGET = 32 << 20  # bytes of im2col columns (or GEMM results) built at once
 _NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
 # depthwise convolutions without a channel multiplier, with at least this many channels and
 # output planes this small, run channels-last (vectorized over the channels): measured 2-10x
@@ -508,7 +508,9 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
         path = _ONE_GEMM
     else:
         path = _BY_IMAGE
-    chunk = max(1, min(n, _COLS_BUDGET // max(rows * length * itemsize, 1)))
+    # images per chunk: their columns, and the GEMM result (or dY's copy) of the batch-wide
+    # GEMM, within the budget
+    chunk = max(1, min(n, _COLS_BUDGET // max(max(rows, m) * length * itemsize, 1)))
     return path, (n, m, oh, ow), s, pb, d, k, chunk
 
 
