@@ -415,18 +415,18 @@ def cast(input, *, to=DType.F32, saturate=1, round_mode="up"):
     """``to`` is a DType (its ONNX number when exported). ONNX Cast-25 semantics for every
     DType: round to nearest even, ``saturate`` for the 8-bit floats, ``round_mode`` for E8M0
     (see ``dtype.cast_array``)."""
-    to = DType.of(to)
-    target = to.numpy
-    if input.dtype in _PLAIN_NUMPY and target in _PLAIN_NUMPY:
+    target = _PLAIN_TARGETS.get(to) if isinstance(to, DType) else None
+    if target is not None and input.dtype in _PLAIN_NUMPY:
         return input.astype(target)  # numpy's own types both: no rule of Cast's beyond astype
-    return to.convert(input, bool(saturate), round_mode)
+    return DType.of(to).convert(input, bool(saturate), round_mode)
 
 
 # bool, the integers and float16/32/64 of numpy itself (not ml_dtypes' types, whose casts follow
-# the ONNX rules in dtype.cast_array)
+# the ONNX rules in dtype.cast_array), and the DTypes that are they
 _PLAIN_NUMPY = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
     np.float16, np.float32, np.float64))
+_PLAIN_TARGETS = {d: d.numpy for d in DType if d.numpy in _PLAIN_NUMPY}
 
 
 def _dropout_shape(specs, *, seed=None):
