@@ -10,6 +10,7 @@ import numpy as np
 
 from numba import prange
 
+from . import _jit
 from ._jit import jit, sync_threads
 
 
@@ -117,25 +118,38 @@ def _param(P, shape, width, dtype):
     return np.ascontiguousarray(np.broadcast_to(P, shape), dtype).reshape(width)
 
 
-def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1):
-    sync_threads()
-    shape = X.shape
+# (shape, axis, stash dtype) -> (rows, width, normalized axes' shape, statistics' shape)
+_ln_geometry: dict[tuple, tuple] = {}
+
+
+def _geometry(key: tuple) -> tuple:
+    shape, axis, _ = key
     nd = len(shape)
     a = axis + nd if axis < 0 else axis
-    rows, width = math.prod(shape[:a]), math.prod(shape[a:])
+    geometry = (math.prod(shape[:a]), math.prod(shape[a:]), shape[a:],
+                shape[:a] + (1,) * (nd - a))
+    if len(_ln_geometry) >= 4096:
+        _ln_geometry.clear()
+    _ln_geometry[key] = geometry
+    return geometry
+
+
+def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+    sync_threads()
     dtype = X.dtype
+    stash = np.float32 if stash_type == 1 else dtype
+    key = (X.shape, axis, stash)
+    rows, width, tail, stats = _ln_geometry.get(key) or _geometry(key)
     if not X.flags.c_contiguous:
         X = np.ascontiguousarray(X)
-    tail = shape[a:]
     scale = _param(Scale, tail, width, dtype)
     bias = scale if B is None else _param(B, tail, width, dtype)
-    out = np.empty(shape, dtype)
-    stash = np.float32 if stash_type == 1 else dtype
-    stats = shape[:a] + (1,) * (nd - a)
+    out = np.empty(X.shape, dtype)
     mean = np.empty(stats, stash)
     inv = np.empty(stats, stash)
-    _layer_norm(X.reshape(rows, width), scale, bias, B is not None, float(epsilon), False,
-                out.reshape(rows, width), True, mean.reshape(rows), inv.reshape(rows))
+    (_layer_norm if _jit._parallel else _layer_norm.serial)(
+        X.reshape(rows, width), scale, bias, B is not None, float(epsilon), False,
+        out.reshape(rows, width), True, mean.reshape(rows), inv.reshape(rows))
     return out, mean, inv
 
 
