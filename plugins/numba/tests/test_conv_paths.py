@@ -158,6 +158,7 @@ def test_the_plan_is_made_once_per_signature():
     ((2, 6, 4, 4), (6, 1, 5, 5), dict(group=6, pads=(4, 4, 4, 4), dilations=(2, 2))),
     ((1, 3, 7, 7), (3, 1, 3, 3), dict(group=3, auto_pad="SAME_LOWER", strides=(2, 2))),
     ((0, 3, 5, 5), (3, 1, 3, 3), dict(group=3)),
+    ((1, 2, 17, 16), (2, 1, 3, 3), dict(group=2, pads=(1, 1, 1, 1))),  # dW by columns
 ])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_depthwise_gradients_match_the_reference(xs, ws, attrs, dtype):

@@ -431,7 +431,7 @@ def _depthwise_weight_grad(x, dy, mult, sh, sw, ph, pw, dh, dw, dwt):
     dwf = dwt.reshape(dwt.size)
     for m in prange(m_out):
         c = m // mult
-        acc = np.zeros(kk, dwt.dtype)
+        acc = np.zeros(kk, np.float64)  # sums over batch and plane: float64 at no cost here
         for n in range(n_img):
             xb = (n * c_in + c) * hw
             yb = (n * m_out + m) * length
@@ -624,7 +624,8 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
     by side, one GEMM per chunk (the sum over the images happens inside it)."""
     X, W, dY, (n, m, oh, ow), s, pb, d, k, chunk = _grad_setup(
         X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides)
-    if _depthwise_grad(X, group, oh, ow, k):
+    # large stride-1 planes: the columns' GEMM measured as fast or faster for dW
+    if _depthwise_grad(X, group, oh, ow, k) and (oh * ow <= 256 or s != (1, 1)):
         dw = np.empty(W.shape, X.dtype)
         _depthwise_weight_grad(X, dY, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], dw)
         return dw
