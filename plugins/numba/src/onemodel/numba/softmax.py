@@ -16,6 +16,7 @@ import numpy as np
 
 from numba import prange
 
+from . import _jit
 from ._jit import jit, sync_threads
 
 F = np.float32
@@ -182,10 +183,8 @@ def _run(X, axis, log, out):
     if dst.size:
         width = X.shape[-1]
         x2 = X.reshape(-1, width)
-        if X.dtype == np.float32:
-            _softmax_f32(x2, dst.reshape(-1, width), log)
-        else:
-            _softmax_f64(x2, dst.reshape(-1, width), log)
+        kernel = _softmax_f32 if X.dtype == np.float32 else _softmax_f64
+        (kernel if _jit._parallel else kernel.serial)(x2, dst.reshape(-1, width), log)
     if dst is out:
         return out
     back = np.moveaxis(dst, -1, a)
