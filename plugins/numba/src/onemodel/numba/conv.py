@@ -1,11 +1,15 @@
-"""Convolution (2-D, float32/float64). Columns are built by numba straight from the NCHW input
-(padding and dilation on the fly, no transposes) as one (C*kh*kw, N*oh*ow) matrix for all the
-images of a chunk, so ONE BLAS GEMM per chunk (per group) reads the weights once however many
-images there are; a numba pass then scatters the GEMM's (M, N*oh*ow) result to NCHW with the
-bias and activation applied on the way. A single image needs no scatter: the GEMM writes the
-output itself. 1x1 stride-1 convolutions of one image (or 1x1 planes) skip the columns: the input
-already is the GEMM operand. Depthwise convolutions, where a GEMM has nothing to chew on, are
-direct numba loops. The geometry of each (shapes, attributes) signature is worked out once."""
+"""Convolution (2-D, float32/float64) and its gradients. Columns are built by numba straight
+from the NCHW input (padding and dilation on the fly, no transposes), then BLAS GEMMs: one per
+image, writing the NCHW output in place, or, when each image's GEMM would be skinny (few output
+pixels) or the weights too big to stay cached between images, ONE GEMM over the columns of all
+the images side by side, so the weights are read once, its (M, N*oh*ow) result scattered to
+NCHW by numba. Bias and activation are applied in the same pass as the scatter (or in one pass
+over the output). 1x1 stride-1 convolutions skip the columns: the input already is the GEMM
+operand. Depthwise convolutions, where a GEMM has nothing to chew on, are direct numba loops:
+channels-last for small planes with many channels, a table of the taps that land inside the
+image for other small planes, a zero-padded plane (or its stride phases) per channel else; their
+gradients use the tap table. What a (shapes, attributes) signature needs (geometry, path,
+chunking) is worked out once and memoized."""
 
 from __future__ import annotations
 
