@@ -49,8 +49,10 @@ def test_kernel_signature_is_the_op_signature(op):
     impl, dtypes = plugin.KERNELS[op]
     ours = inspect.signature(resolve(impl)).parameters
     ref = inspect.signature(OPS[op].kernel).parameters
+    # a reference kernel's out= (OpDef.writes_out) is the planned buffer, not part of the op
     assert [(p.name, p.kind, p.default) for p in ours.values()] == \
-        [(p.name, p.kind, p.default) for p in ref.values()]
+        [(p.name, p.kind, p.default) for p in ref.values()
+         if not (OPS[op].writes_out and p.name == "out")]
     assert all(DType.of(d) for d in dtypes)
 
 

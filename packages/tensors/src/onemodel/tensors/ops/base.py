@@ -56,6 +56,9 @@ class OpDef:
     # holding DimExprs), so a Reshape target computed from Shape(x) stays known: see symbolic_value
     symbolic_value: Callable | None = None
     onnx_opset: int | Callable[[dict], int] = 0  # the lowest ONNX opset that has this form
+    # the reference kernel also takes keyword ``out=``: a planned output buffer it fills
+    # completely and returns (the ``writes_out`` of the onemodel_register_kernels hookspec)
+    writes_out: bool = False
 
     def export_opset(self, attrs: dict) -> int:
         """The lowest ONNX opset that can hold this node (its form may depend on attributes)."""
@@ -101,17 +104,25 @@ def defop(name: str, *, shape: Callable, grad: Callable | None = None, outputs=(
           domain: str = "", static: tuple[str, ...] = (), traceable: bool = True,
           foldable: bool = True, chain_operands: int | None = None,
           symbolic_value: Callable | None = None,
-          onnx_opset: int | Callable[[dict], int] = 0):
+          onnx_opset: int | Callable[[dict], int] = 0, writes_out: bool = False):
     """Define op ``name`` with ``shape`` (shape-and-dtype rule) and ``grad`` (gradient rule)
     around its reference numpy kernel; the other keywords are the ``OpDef`` fields of the same
-    names."""
+    names. With ``writes_out`` the kernel's keyword-only ``out=None`` is the planned output
+    buffer, not an attribute."""
 
     def wrap(kernel: Callable) -> OpDef:
         if name in OPS:
             raise OneModelError(f"op {name!r} is defined twice")
         sig = inspect.signature(kernel)
+        params = dict(sig.parameters)
+        if writes_out:
+            out = params.pop("out", None)
+            if out is None or out.kind is not out.KEYWORD_ONLY or out.default is not None:
+                raise OneModelError(f"op {name!r}: writes_out needs a keyword-only out=None")
+            if len(outputs) != 1 or outputs[0].endswith("..."):
+                raise OneModelError(f"op {name!r}: writes_out is for single-output ops")
         inputs, optional, attrs, variadic = [], set(), {}, False
-        for p in sig.parameters.values():
+        for p in params.values():
             if p.kind is p.VAR_POSITIONAL:
                 variadic = True
                 inputs.append(p.name)
@@ -126,7 +137,8 @@ def defop(name: str, *, shape: Callable, grad: Callable | None = None, outputs=(
             raise OneModelError(f"op {name!r}: static inputs {sorted(unknown)} are not inputs")
         op = OpDef(name, kernel, shape, grad, tuple(inputs), frozenset(optional), variadic, attrs,
                    tuple(outputs), domain, inspect.getdoc(kernel) or "", frozenset(static),
-                   traceable, foldable, chain_operands, symbolic_value, onnx_opset)
+                   traceable, foldable, chain_operands, symbolic_value, onnx_opset,
+                   writes_out)
         OPS[name] = op
         return op
 

@@ -42,9 +42,24 @@ def _matmul_grad(ctx, g):
     return ga, gb
 
 
-@defop("MatMul", shape=_matmul_shape, grad=_matmul_grad)
-def matmul(A, B):
-    return np.matmul(A, B)
+# dtype kinds numpy's matmul computes natively, the same loop with or without out=
+_NATIVE_KINDS = frozenset("fiu")
+
+
+def _product_into(a, b, out):
+    """``a @ b`` written into ``out``; a dtype numpy does not multiply natively is computed as
+    without out= and copied, so the result is the same either way."""
+    if out.dtype.kind in _NATIVE_KINDS and out.dtype.isbuiltin:
+        return np.matmul(a, b, out=out)
+    out[...] = np.matmul(a, b)
+    return out
+
+
+@defop("MatMul", shape=_matmul_shape, grad=_matmul_grad, writes_out=True)
+def matmul(A, B, *, out=None):
+    if out is None:
+        return np.matmul(A, B)
+    return _product_into(A, B, out)
 
 
 def _gemm_shape(specs, *, alpha=1.0, beta=1.0, transA=0, transB=0):
@@ -89,11 +104,11 @@ def _gemm_grad(ctx, g):
     return ga, gb, gc
 
 
-@defop("Gemm", shape=_gemm_shape, grad=_gemm_grad)
-def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+@defop("Gemm", shape=_gemm_shape, grad=_gemm_grad, writes_out=True)
+def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None):
     a = A.T if transA else A
     b = B.T if transB else B
-    y = a @ b
+    y = a @ b if out is None else _product_into(a, b, out)
     if alpha != 1.0:
         y *= np.asarray(alpha, y.dtype)
     if C is not None:

@@ -9,4 +9,4 @@ from . import OPS
 @hookimpl
 def onemodel_register_kernels(register) -> None:
     for name, op in OPS.items():
-        register(name, op.kernel, device="cpu", priority=0)
+        register(name, op.kernel, device="cpu", priority=0, writes_out=op.writes_out)

@@ -229,9 +229,11 @@ def _concat_value(in_specs, values, attrs):
     return tuple(d for v in values if v is not None for d in v)
 
 
-@defop("Concat", symbolic_value=_concat_value, shape=_concat_shape, grad=_concat_grad)
-def concat(*inputs, axis=0):
-    return np.concatenate(inputs, axis=axis)
+@defop("Concat", symbolic_value=_concat_value, shape=_concat_shape, grad=_concat_grad,
+       writes_out=True)
+def concat(*inputs, axis=0, out=None):
+    # out: the planned buffer of exactly the output's shape and dtype (numpy fills all of it)
+    return np.concatenate(inputs, axis=axis, out=out)
 
 
 def _split_sizes(dim, split, num_outputs):
