@@ -202,3 +202,25 @@ def test_parallel_variants_match_the_reference(case, parallel_variants):
                        ("ConvWeightGrad", conv.conv_weight_grad)):
             np.testing.assert_allclose(fn(x, w, dy, **attrs), OPS[op].kernel(x, w, dy, **attrs),
                                        rtol=1e-4, atol=1e-4)
+
+
+CONV1D = [
+    ((2, 80, 16), (32, 80, 3), dict(pads=(1, 1))),  # Whisper's first convolution
+    ((2, 32, 16), (32, 32, 3), dict(pads=(1, 1), strides=(2,))),  # and its second
+    ((3, 6, 11), (6, 1, 5), dict(group=6, pads=(2, 1), dilations=(2,))),  # depthwise
+    ((1, 4, 9), (5, 4, 1), {}),
+    ((2, 4, 9), (6, 2, 3), dict(group=2, auto_pad="SAME_UPPER")),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("xs, ws, attrs", CONV1D)
+def test_conv1d_runs_as_2d_and_matches_the_reference(xs, ws, attrs, dtype):
+    x, w, b = _arrays(xs, ws, dtype)
+    want = OPS["Conv"].kernel(x, w, b, **attrs)
+    got = conv.conv(x, w, b, **attrs)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, **TOL[dtype])
+    out = np.full(want.shape, np.nan, dtype)
+    assert conv.fused_conv(x, w, b, activation="Relu", out=out, **attrs) is out
+    np.testing.assert_allclose(out, np.maximum(want, 0), **TOL[dtype])

@@ -253,11 +253,13 @@ def test_fused_literal_ops_follow_the_reference_on_special_values():
 @pytest.mark.parametrize("op", ["Conv", "LayerNormalization", "Gelu", "Softmax", "MaxPoolGrad",
                                 "GlobalAveragePool"])
 def test_the_reference_stays_the_fallback(op):
-    """Calls a numba kernel does not cover (float16, 1-D convolution, the tanh Gelu) are
+    """Calls a numba kernel does not cover (float16, 3-D convolution, the tanh Gelu) are
     refused by its supports check, so kernel choice falls through to the reference kernel."""
     supports = registry.resolve(plugin.KERNELS[op][1])
     if op == "Conv":
-        assert not supports(np.zeros((1, 2, 5), np.float32), np.zeros((3, 2, 3), np.float32))
+        assert supports(np.zeros((1, 2, 5), np.float32), np.zeros((3, 2, 3), np.float32))
+        assert not supports(np.zeros((1, 2, 5, 5, 5), np.float32),
+                            np.zeros((3, 2, 3, 3, 3), np.float32))
         assert not supports(np.zeros((1, 2, 5, 5), np.float16), np.zeros((3, 2, 3, 3), np.float16))
     elif op == "LayerNormalization":
         assert not supports(np.zeros((2, 3), np.float16), np.zeros(3, np.float16))

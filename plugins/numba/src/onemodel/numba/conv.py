@@ -520,7 +520,7 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
 
 def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
          pads=None, strides=None, out=None):
-    """ONNX Conv for 2-D float inputs (see :func:`onemodel.numba.support.conv`); ``out``: a
+    """ONNX Conv for 1-D and 2-D float inputs (see :func:`onemodel.numba.support.conv`); ``out``: a
     planned C-contiguous buffer of the output's shape and dtype to fill and return."""
     return _conv(X, W, B, 0, auto_pad, dilations, group, kernel_shape, pads, strides, out)
 
@@ -532,7 +532,25 @@ def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=
                  strides, out)
 
 
+def _as_2d(X, W, kernel_shape, pads, strides, dilations, out):
+    """A 1-D convolution as the 2-D one over a height of 1 (views, no copies)."""
+    X = X.reshape(X.shape[0], X.shape[1], 1, X.shape[2])
+    W = W.reshape(W.shape[0], W.shape[1], 1, W.shape[2])
+    kernel_shape = (1, kernel_shape[0]) if kernel_shape else None
+    pads = (0, pads[0], 0, pads[1]) if pads else None
+    strides = (1, strides[0]) if strides else None
+    dilations = (1, dilations[0]) if dilations else None
+    if out is not None:
+        out = out.reshape(out.shape[0], out.shape[1], 1, out.shape[2])
+    return X, W, kernel_shape, pads, strides, dilations, out
+
+
 def _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides, out):
+    if X.ndim == 3:  # Conv1d (Whisper's stem, wav2vec, TCNs)
+        X, W, kernel_shape, pads, strides, dilations, out2 = _as_2d(
+            X, W, kernel_shape, pads, strides, dilations, out)
+        y = _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides, out2)
+        return out if out is not None else y.reshape(y.shape[0], y.shape[1], y.shape[3])
     sync_threads()
     X = np.ascontiguousarray(X)
     W = np.ascontiguousarray(W)

@@ -16,8 +16,8 @@ def _float(*arrays) -> bool:
 
 def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
          pads=None, strides=None, activation=""):
-    """2-D convolutions of float32/float64 with matching weight and bias dtypes."""
-    if X.ndim != 4 or W.ndim != 4 or not _float(X, W, B):
+    """1-D and 2-D convolutions of float32/float64 with matching weight and bias dtypes."""
+    if X.ndim not in (3, 4) or W.ndim != X.ndim or not _float(X, W, B):
         return False
     if kernel_shape and tuple(kernel_shape) != tuple(W.shape[2:]):
         return False
@@ -31,8 +31,8 @@ def _nchw(X) -> bool:
 def conv_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
               pads=None, strides=None):
     """Gradients of 2-D float convolutions (dY of the forward output's shape and dtype)."""
-    return conv(X, W, None, kernel_shape=kernel_shape, group=group) and dY.ndim == 4 and \
-        dY.dtype == X.dtype
+    return X.ndim == 4 and conv(X, W, None, kernel_shape=kernel_shape, group=group) and \
+        dY.ndim == 4 and dY.dtype == X.dtype
 
 
 def batch_norm(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
