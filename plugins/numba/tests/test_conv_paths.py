@@ -224,3 +224,17 @@ def test_conv1d_runs_as_2d_and_matches_the_reference(xs, ws, attrs, dtype):
     out = np.full(want.shape, np.nan, dtype)
     assert conv.fused_conv(x, w, b, activation="Relu", out=out, **attrs) is out
     np.testing.assert_allclose(out, np.maximum(want, 0), **TOL[dtype])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{p}-{i}" for i, (p, *_) in enumerate(CASES)])
+def test_gradients_of_each_path_match_the_reference(case):
+    """The gradients follow the forward's path choice (per image for long rows, one GEMM
+    over the batch for short ones): each against the reference kernels."""
+    _, xs, ws, attrs = case
+    x, w, _ = _arrays(xs, ws, np.float64, seed=11)
+    want = OPS["Conv"].kernel(x, w, **attrs)
+    dy = np.random.default_rng(12).standard_normal(want.shape)
+    for op, fn in (("ConvInputGrad", conv.conv_input_grad),
+                   ("ConvWeightGrad", conv.conv_weight_grad)):
+        np.testing.assert_allclose(fn(x, w, dy, **attrs), OPS[op].kernel(x, w, dy, **attrs),
+                                   **TOL[np.float64])

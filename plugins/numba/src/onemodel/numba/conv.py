@@ -92,10 +92,10 @@ def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, by_image):
 
 
 @jit(parallel=True)
-def _col2im(dcols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, dx):
-    """The adjoint of :func:`_im2col` (columns side by side, (C*kh*kw, N, oh*ow)): dx[n, c, ...]
-    += every column entry that read it. One (image, channel) plane per task, so no two tasks
-    write the same element."""
+def _col2im(dcols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, dx, by_image):
+    """The adjoint of :func:`_im2col` (columns (N, C*kh*kw, oh*ow) when ``by_image``, else side
+    by side, (C*kh*kw, N, oh*ow)): dx[n, c, ...] += every column entry that read it. One
+    (image, channel) plane per task, so no two tasks write the same element."""
     n_img, c_in, h, w = dx.shape
     kk = kh * kw
     for t in prange(n_img * c_in):
@@ -107,7 +107,8 @@ def _col2im(dcols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, dx):
                 plane[U(a), U(b)] = 0
         for i in range(kh):
             for j in range(kw):
-                row = dcols[c * kk + i * kw + j, n]
+                r = c * kk + i * kw + j
+                row = dcols[n, r] if by_image else dcols[r, n]
                 off = j * dw - pw
                 lo = 0
                 while lo < ow and lo * sw + off < 0:
@@ -621,9 +622,9 @@ def _grad_setup(X, W, dY, auto_pad, dilations, group, kernel_shape, pads, stride
     X = np.ascontiguousarray(X)
     W = np.ascontiguousarray(W, dtype=X.dtype)
     dY = np.ascontiguousarray(dY, dtype=X.dtype)
-    _, shape, s, pb, d, k, chunk = _plan_of(X, W, kernel_shape, strides, pads, dilations,
-                                            auto_pad, group)
-    return X, W, dY, shape, s, pb, d, k, chunk
+    path, shape, s, pb, d, k, chunk = _plan_of(X, W, kernel_shape, strides, pads, dilations,
+                                               auto_pad, group)
+    return X, W, dY, path, shape, s, pb, d, k, chunk
 
 
 def _depthwise_grad(X, group, oh, ow, k):
@@ -644,7 +645,7 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
                      pads=None, strides=None):
     """Gradient of Conv with respect to W: dY against the columns of a chunk of images side
     by side, one GEMM per chunk (the sum over the images happens inside it)."""
-    X, W, dY, (n, m, oh, ow), s, pb, d, k, chunk = _grad_setup(
+    X, W, dY, path, (n, m, oh, ow), s, pb, d, k, chunk = _grad_setup(
         X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides)
     # large stride-1 planes: the columns' GEMM measured as fast or faster for dW
     if _depthwise_grad(X, group, oh, ow, k) and (oh * ow <= 256 or s != (1, 1)):
@@ -656,6 +657,16 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
     mg = m // group
     dw = np.zeros((group, mg, rows // group), X.dtype)
     cols_all = np.empty(rows * chunk * length, X.dtype)
+    if path == _BY_IMAGE:  # long rows: one GEMM per image, no transposed copy of dY
+        dy4 = dY.reshape(n, group, mg, length)
+        for start in range(0, n, chunk):
+            n_img = min(chunk, n - start)
+            cols = cols_all[:rows * n_img * length].reshape(n_img, rows, length)
+            _im2col(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1],
+                    oh, ow, cols, True)
+            dw += np.matmul(dy4[start:start + n_img], cols.reshape(
+                n_img, group, rows // group, length).transpose(0, 1, 3, 2)).sum(axis=0)
+        return dw.reshape(W.shape)
     for start in range(0, n, chunk):
         n_img = min(chunk, n - start)
         width = n_img * length
@@ -672,7 +683,7 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
                     pads=None, strides=None):
     """Gradient of Conv with respect to X: W^T against dY of a chunk of images side by side
     (one GEMM per chunk) into columns, scattered back by numba (the adjoint of the columns)."""
-    X, W, dY, (n, m, oh, ow), s, pb, d, k, chunk = _grad_setup(
+    X, W, dY, path, (n, m, oh, ow), s, pb, d, k, chunk = _grad_setup(
         X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides)
     if _depthwise_grad(X, group, oh, ow, k):
         dx = np.empty(X.shape, X.dtype)
@@ -684,6 +695,16 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
     wt = W.reshape(group, mg, rows // group).transpose(0, 2, 1)
     dx = np.empty(X.shape, X.dtype)
     dcols_all = np.empty(rows * chunk * length, X.dtype)
+    if path == _BY_IMAGE:  # long rows: one GEMM per image, no transposed copy of dY
+        dy4 = dY.reshape(n, group, mg, length)
+        for start in range(0, n, chunk):
+            n_img = min(chunk, n - start)
+            dcols = dcols_all[:rows * n_img * length].reshape(n_img, group, rows // group,
+                                                               length)
+            np.matmul(wt, dy4[start:start + n_img], out=dcols)
+            _col2im(dcols.reshape(n_img, rows, length), k[0], k[1], s[0], s[1], pb[0], pb[1],
+                    d[0], d[1], oh, ow, dx[start:start + n_img], True)
+        return dx
     for start in range(0, n, chunk):
         n_img = min(chunk, n - start)
         width = n_img * length
@@ -691,5 +712,5 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
         np.matmul(wt, _dy_columns(dY, start, n_img, m, length).reshape(group, mg, width),
                   out=dcols)
         _col2im(dcols.reshape(rows, n_img, length), k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
-                d[1], oh, ow, dx[start:start + n_img])
+                d[1], oh, ow, dx[start:start + n_img], False)
     return dx
