@@ -366,3 +366,28 @@ def test_a_producer_read_only_by_the_chain_joins_it():
     assert programs[gelu] == ["Add x0 x1", "Div t0 x2", "Erf t1", "Add t2 x3", "Mul t0 t3",
                               "Mul t4 x4"]
     assert [n.op for n in g.nodes if n.op in ("Add", "Neg")] == ["Add", "Neg"]
+
+
+def test_identity_removes_casts_to_the_dtype_the_input_has():
+    """F32->F32 Casts (llama's RMSNorm tail) go, keeping a graph output's name; a Cast that
+    changes the dtype stays."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 5))
+    h = b.input("h", DType.F16, ("batch", 5))
+    w = b.initializer("w", f32(rng, 5))
+    y = b.op("Cast", b.op("Mul", x, w), to=DType.F32)
+    half = b.op("Cast", y, to=DType.F16)  # changes the dtype: stays
+    b.output(b.op("Add", half, h), "sum16")
+    b.output(b.op("Cast", b.op("Tanh", y), to=DType.F32), "act")  # graph output: name kept
+    b.output(b.op("Cast", h, to=DType.F16), "passthrough")
+    g, _ = _check(b.build(), [IdentityElimination()])
+    # the input passed to an output keeps one node (an Identity) that writes the output's name
+    assert sorted(n.op for n in g.nodes) == ["Add", "Cast", "Identity", "Mul", "Tanh"]
+    (to_half,) = [n for n in g.nodes if n.op == "Cast"]
+    assert to_half.attrs["to"] == DType.F16
+    assert to_half.inputs == next(n for n in g.nodes if n.op == "Mul").outputs
+    (passthrough,) = [n for n in g.nodes if n.op == "Identity"]
+    assert (passthrough.inputs, passthrough.outputs) == (["h"], ["passthrough"])
+    assert next(n for n in g.nodes if n.op == "Tanh").outputs == ["act"]
+    assert [o.name for o in g.outputs] == ["sum16", "act", "passthrough"]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from onemodel.tensors import DType, OneModelError
+from onemodel.tensors.ops import OPS
+
 from ..graph import Graph
 from .base import Pass, PassResult, output_names, replace_uses
 
@@ -26,15 +29,21 @@ class DeadCodeElimination(Pass):
 class IdentityElimination(Pass):
     name = "identity"
     level = "basic"
-    changes = ("removes Identity nodes and Dropout nodes that run in inference mode (their mask "
-               "unused), rewiring their consumers")
+    changes = ("removes Identity nodes, Dropout nodes that run in inference mode (their mask "
+               "unused) and Casts to the dtype their input already has, rewiring their consumers")
 
     def run(self, graph: Graph) -> PassResult:
         outputs = output_names(graph)
         inputs = {v.name for v in graph.inputs}
         done = 0
+        specs: dict | None = None  # the values' specs, computed once a Cast is met
         for n in list(graph.nodes):
-            if not self._is_identity(graph, n):
+            if n.op == "Cast":
+                if specs is None:
+                    specs = self._specs(graph)
+                if not self._is_same_type_cast(n, specs):
+                    continue
+            elif not self._is_identity(graph, n):
                 continue
             src, dst = n.inputs[0], n.outputs[0]
             if dst in outputs:
@@ -52,6 +61,28 @@ class IdentityElimination(Pass):
             graph.nodes.remove(n)
             done += 1
         return PassResult(done)
+
+    @staticmethod
+    def _specs(graph: Graph) -> dict:
+        try:
+            return graph.validate(allow_unknown=True)
+        except OneModelError:
+            return {}  # the graph's checks will report it; Casts stay as they are
+
+    @staticmethod
+    def _is_same_type_cast(n, specs: dict) -> bool:
+        """A Cast whose input's dtype is known and is its target's: an identity (ONNX Cast
+        leaves a value of the target type as it is)."""
+        if len(n.inputs) != 1 or len(n.outputs) != 1 or not n.inputs[0] or not n.outputs[0]:
+            return False
+        spec = specs.get(n.inputs[0])
+        if spec is None:
+            return False
+        try:
+            to = DType.of(n.attrs.get("to", OPS["Cast"].attrs["to"]))
+        except (OneModelError, TypeError, ValueError):
+            return False
+        return spec.dtype == to
 
     @staticmethod
     def _is_identity(graph: Graph, n) -> bool:
