@@ -14,6 +14,7 @@ from onemodel.runtime.passes import (
     CommonSubexpressionElimination,
     ConstantFolding,
     DeadCodeElimination,
+    GemmWeightLayout,
     IdentityElimination,
     MatMulAddToGemm,
     PassManager,
@@ -131,7 +132,8 @@ def test_passes_come_from_the_registry_and_declare_their_changes(isolated_regist
 
     passes = default_passes()
     assert [p.name for p in passes] == ["identity", "constant-folding", "cse", "batchnorm-folding",
-                                        "matmul-add-to-gemm", "activation-fusion", "dead-code"]
+                                        "matmul-add-to-gemm", "activation-fusion",
+                                        "gemm-weight-layout", "dead-code"]
     assert all(p.changes for p in passes)
 
 
@@ -391,3 +393,26 @@ def test_identity_removes_casts_to_the_dtype_the_input_has():
     assert (passthrough.inputs, passthrough.outputs) == (["h"], ["passthrough"])
     assert next(n for n in g.nodes if n.op == "Tanh").outputs == ["act"]
     assert [o.name for o in g.outputs] == ["sum16", "act", "passthrough"]
+
+
+def test_gemm_weights_read_transposed_are_stored_transposed_once():
+    """Linear layers exported by PyTorch read their (out, in) weight with transB=1; the pass
+    stores one (in, out) copy per weight, shared by the Gemms that read it, and leaves a B
+    computed at run time alone. Results equal the unoptimized graph's."""
+    rng = np.random.default_rng(4)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 6))
+    w = b.initializer("w", f32(rng, 5, 6))
+    bias = b.initializer("bias", f32(rng, 5))
+    h = b.op("Relu", b.op("Gemm", x, w, bias, transB=1))
+    b.output(b.op("Gemm", x, w, transB=1, alpha=0.5), "shared")
+    fed = b.input("fed", DType.F32, (4, 5))
+    b.output(b.op("Gemm", h, fed, transB=1), "computed")
+    g, counts = _check(b.build(), [ActivationFusion(), GemmWeightLayout(),
+                                   DeadCodeElimination()])
+    assert counts["gemm-weight-layout"] == 2
+    gemms = [n for n in g.nodes if n.op in ("Gemm", "FusedGemm")]
+    assert [n.attrs.get("transB", 0) for n in gemms] == [0, 0, 1]
+    assert gemms[0].inputs[1] == gemms[1].inputs[1] and "w" not in g.initializers
+    np.testing.assert_array_equal(g.initializers[gemms[0].inputs[1]],
+                                  b.build().initializers["w"].T)

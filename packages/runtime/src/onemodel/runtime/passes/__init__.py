@@ -4,8 +4,9 @@ plugin's; ``default_passes()`` lists what the registry holds, in order."""
 from .base import Pass, PassManager
 from .cleanup import CommonSubexpressionElimination, DeadCodeElimination, IdentityElimination
 from .folding import ConstantFolding
-from .rewrites import ActivationFusion, BatchNormFolding, MatMulAddToGemm
+from .rewrites import ActivationFusion, BatchNormFolding, GemmWeightLayout, MatMulAddToGemm
 
 __all__ = ["ActivationFusion", "BatchNormFolding", "CommonSubexpressionElimination",
-           "ConstantFolding", "DeadCodeElimination", "IdentityElimination", "MatMulAddToGemm",
+           "ConstantFolding", "DeadCodeElimination", "GemmWeightLayout", "IdentityElimination",
+           "MatMulAddToGemm",
            "Pass", "PassManager"]
