@@ -83,12 +83,38 @@ def _mean_grad(ctx, g):
     return g.expand(*x.shape) / count, None
 
 
+# the largest count each dtype holds exactly
+_EXACT_COUNT = {np.dtype(np.float32): 2**24, np.dtype(np.float64): 2**53}
+
+
 @defop("ReduceMean", shape=_reduce_shape, grad=_mean_grad, static=("axes",))
 def reduce_mean(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
     ax = _axes(data, axes, noop_with_empty_axes)
     if ax == ():
         return data.copy()
-    return np.mean(data, axis=ax, keepdims=bool(keepdims)).astype(data.dtype, copy=False)
+    count = 1
+    for a in range(data.ndim) if ax is None else ax:
+        count *= data.shape[a]
+    if count == 0:  # np.mean's NaN (and its warning)
+        return np.mean(data, axis=ax, keepdims=bool(keepdims)).astype(data.dtype, copy=False)
+    # np.mean's own steps (numpy/_core/_methods.py _mean), without its Python-level overhead:
+    # integers and bool summed in float64, float16 in float32, then divided by the count
+    half = data.dtype == np.float16
+    dtype = np.float64 if issubclass(data.dtype.type, (np.integer, np.bool_)) else (
+        np.float32 if half else None)
+    total = np.add.reduce(data, axis=ax, dtype=dtype, keepdims=bool(keepdims))
+    n = np.intp(count)
+    if isinstance(total, np.ndarray):
+        if count <= _EXACT_COUNT.get(total.dtype, 0):
+            # the count exact in the sum's type: its own division (~1 us less than numpy's
+            # float64 one), the same number (a float64 quotient rounded to float32 is the
+            # correctly rounded float32 quotient: 53 >= 2 * 24 + 2 bits)
+            mean = np.true_divide(total, total.dtype.type(count), out=total)
+        else:
+            mean = np.true_divide(total, n, out=total, casting="unsafe")
+    else:
+        mean = (data.dtype.type if half else total.dtype.type)(total / n)
+    return mean.astype(data.dtype, copy=False)
 
 
 def _extreme_grad(ctx, g):

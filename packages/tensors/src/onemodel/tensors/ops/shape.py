@@ -160,9 +160,15 @@ def _unsqueeze_shape(specs):
 @defop("Unsqueeze", symbolic_value=first_value, shape=_unsqueeze_shape, static=("axes",),
        grad=lambda ctx, g: (g.reshape(*ctx.inputs[0].shape), None))
 def unsqueeze(data, axes):
-    axes = np.asarray(axes).reshape(-1)  # a 0-d axes tensor (ONNX files have them) is one axis
+    axes = np.asarray(axes).reshape(-1).tolist()  # a 0-d axes tensor (ONNX files have them)
     nd = data.ndim + len(axes)
-    return np.expand_dims(data, tuple(sorted(int(a) % nd for a in axes)))
+    pos = sorted(a % nd for a in axes)
+    if len(set(pos)) != len(pos):
+        raise ShapeError(f"Unsqueeze axes {axes} repeat an axis")
+    shape = list(data.shape)
+    for a in pos:
+        shape.insert(a, 1)
+    return data.reshape(shape)  # a view, as np.expand_dims gives, without its checks' cost
 
 
 # Expand --------------------------------------------------------------------------------------
@@ -284,7 +290,15 @@ def _split_forms(node: ImportNode) -> None:
 def split(input, split=None, *, axis=0, num_outputs=None):
     a = axis % input.ndim
     sizes = _split_sizes(input.shape[a], None if split is None else split.tolist(), num_outputs)
-    return tuple(np.split(input, np.cumsum(sizes)[:-1], axis=a))
+    # np.split's views (part k: from the k-th running total to the next, the last to the end),
+    # sliced directly: np.split costs ~10 us a call
+    lead = (slice(None),) * a
+    parts, start = [], 0
+    for k, size in enumerate(sizes):
+        stop = start + size if k < len(sizes) - 1 else None
+        parts.append(input[(*lead, slice(start, stop))])
+        start += size
+    return tuple(parts)
 
 
 # Slice ---------------------------------------------------------------------------------------
@@ -394,9 +408,18 @@ def _slice_value(in_specs, values, attrs):
 @defop("Slice", symbolic_value=_slice_value, shape=_slice_shape, grad=_slice_grad,
        static=("starts", "ends", "axes", "steps"))
 def slice_(data, starts, ends, axes=None, steps=None):
-    return data[_slice_index(data.shape, starts.tolist(), ends.tolist(),
-                             None if axes is None else axes.tolist(),
-                             None if steps is None else steps.tolist())]
+    starts, ends = starts.tolist(), ends.tolist()
+    axes = None if axes is None else axes.tolist()
+    steps = None if steps is None else steps.tolist()
+    if steps is None or all(st > 0 for st in steps):
+        # positive steps: Python's slices clamp bounds to the axis as ONNX does
+        nd = data.ndim
+        index = [slice(None)] * nd
+        for i, (s, e) in enumerate(zip(starts, ends)):
+            index[i if axes is None else axes[i] % nd] = slice(s, e, 1 if steps is None
+                                                              else steps[i])
+        return data[tuple(index)]
+    return data[_slice_index(data.shape, starts, ends, axes, steps)]
 
 
 def _slice_grad_shape(specs):
