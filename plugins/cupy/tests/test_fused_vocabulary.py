@@ -61,12 +61,24 @@ def _inputs(n: int, dtype, size: int = 64) -> list[np.ndarray]:
     vals = [rng.uniform(-4, 4, size).astype(dtype) for _ in range(n)]
     # edges: clamps and the Relu/LeakyRelu sign test, HardSwish's -3/3 corners
     vals[0][:8] = [0.0, -0.0, -3.0, 3.0, -2.5, 2.5, 6.0, -6.0]
+    vals[-1][8:11] = [np.nan, np.inf, -np.inf]
     return vals
 
 
 def test_every_fusable_op_has_an_expression():
     assert set(CHAINABLE) == set(fused._EXPR)
     assert fused.supports(program=[p for _, prog, _ in PROGRAMS for p in prog])
+
+
+def test_pow_one_half_is_a_square_root_where_numpy_takes_one():
+    """numpy's float32/float64 power takes sqrt for the exponent 0.5 (sqrt(-inf) is NaN,
+    pow(-inf, 0.5) inf); its float16 loop does not."""
+    x = np.array([-np.inf, 4.0])
+    with np.errstate(invalid="ignore"):
+        for dtype, name in ((np.float16, "pow("), (np.float32, "sqrt("), (np.float64, "sqrt(")):
+            assert name in fused.source(parse_program(["Pow x0 0.5"], 1), 1, dtype)
+            ref = OPS["FusedElementwise"].kernel(x.astype(dtype), program=["Pow x0 0.5"])
+            assert np.isnan(ref[0]) == (name == "sqrt(")
 
 
 def test_supports_refuses_a_program_with_an_op_it_cannot_write(monkeypatch):

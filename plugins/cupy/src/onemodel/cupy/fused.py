@@ -46,7 +46,7 @@ def _clamp01(v: str) -> str:
     return f"({v} < (C)0 ? (C)0 : ({v} > (C)1 ? (C)1 : {v}))"
 
 
-def _clip(a: list[str], lits: list[float]) -> str:
+def _clip(a: list[str], lits: list[float], dt: np.dtype) -> str:
     expr = a[0]
     lo, hi = lits  # an omitted bound is nan
     if not math.isnan(lo):
@@ -56,47 +56,51 @@ def _clip(a: list[str], lits: list[float]) -> str:
     return expr
 
 
-def _pow(a: list[str], lits: list[float]) -> str:
+def _pow(a: list[str], lits: list[float], dt: np.dtype) -> str:
     """numpy's power with a scalar exponent takes these exponents' short ways, whose special
-    values differ from pow()'s (sqrt(-inf) is nan, pow(-inf, 0.5) inf): the same here."""
+    values differ from pow()'s (sqrt(-inf) is nan, pow(-inf, 0.5) inf): the same here. Its
+    float16 loop takes no square root."""
     p = lits[0]
-    short = {0.0: "(C)1", 1.0: a[0], 2.0: f"({a[0]} * {a[0]})", -1.0: f"((C)1 / {a[0]})",
-             0.5: f"sqrt({a[0]})"}
+    short = {0.0: "(C)1", 1.0: a[0], 2.0: f"({a[0]} * {a[0]})", -1.0: f"((C)1 / {a[0]})"}
+    if dt != np.float16:
+        short[0.5] = f"sqrt({a[0]})"
     return short.get(p, f"pow({a[0]}, {_literal(p)})")
 
 
-# op -> the C expression of one step over the compute type C, from the operands' names ``a`` and
-# the literals ``lits`` (floats, as ``chain_literals`` lists them). NaN propagates as numpy's
-# maximum/minimum/where/clip propagate it (a comparison with NaN is false).
-_EXPR: dict[str, Callable[[list[str], list[float]], str]] = {
-    "Add": lambda a, lits: f"({a[0]} + {a[1]})",
-    "Sub": lambda a, lits: f"({a[0]} - {a[1]})",
-    "Mul": lambda a, lits: f"({a[0]} * {a[1]})",
-    "Div": lambda a, lits: f"({a[0]} / {a[1]})",
-    "Neg": lambda a, lits: f"(-{a[0]})",
-    "Abs": lambda a, lits: f"fabs({a[0]})",
-    "Exp": lambda a, lits: f"exp({a[0]})",
-    "Sqrt": lambda a, lits: f"sqrt({a[0]})",
-    "Tanh": lambda a, lits: f"tanh({a[0]})",
-    "Erf": lambda a, lits: f"erf({a[0]})",
-    "Sigmoid": lambda a, lits: (f"({a[0]} >= (C)0 ? (C)1 / ((C)1 + exp(-{a[0]})) "
-                                f": exp({a[0]}) / ((C)1 + exp({a[0]})))"),
-    "Relu": lambda a, lits: f"({a[0]} < (C)0 ? (C)0 : {a[0]})",
-    "LeakyRelu": lambda a, lits: f"({a[0]} >= (C)0 ? {a[0]} : {a[0]} * {_literal(lits[0])})",
-    "HardSigmoid": lambda a, lits: _clamp01(
+# op -> the C expression of one step over the compute type C, from the operands' names ``a``, the
+# literals ``lits`` (floats, as ``chain_literals`` lists them) and the inputs' dtype ``dt``. NaN
+# propagates as numpy's maximum/minimum/where/clip propagate it (a comparison with NaN is false).
+_EXPR: dict[str, Callable[[list[str], list[float], np.dtype], str]] = {
+    "Add": lambda a, lits, dt: f"({a[0]} + {a[1]})",
+    "Sub": lambda a, lits, dt: f"({a[0]} - {a[1]})",
+    "Mul": lambda a, lits, dt: f"({a[0]} * {a[1]})",
+    "Div": lambda a, lits, dt: f"({a[0]} / {a[1]})",
+    "Neg": lambda a, lits, dt: f"(-{a[0]})",
+    "Abs": lambda a, lits, dt: f"fabs({a[0]})",
+    "Exp": lambda a, lits, dt: f"exp({a[0]})",
+    "Sqrt": lambda a, lits, dt: f"sqrt({a[0]})",
+    "Tanh": lambda a, lits, dt: f"tanh({a[0]})",
+    "Erf": lambda a, lits, dt: f"erf({a[0]})",
+    "Sigmoid": lambda a, lits, dt: (f"({a[0]} >= (C)0 ? (C)1 / ((C)1 + exp(-{a[0]})) "
+                                    f": exp({a[0]}) / ((C)1 + exp({a[0]})))"),
+    "Relu": lambda a, lits, dt: f"({a[0]} < (C)0 ? (C)0 : {a[0]})",
+    "LeakyRelu": lambda a, lits, dt: f"({a[0]} >= (C)0 ? {a[0]} : {a[0]} * {_literal(lits[0])})",
+    "HardSigmoid": lambda a, lits, dt: _clamp01(
         f"({a[0]} * {_literal(lits[0])} + {_literal(lits[1])})"),
-    "HardSwish": lambda a, lits: f"({a[0]} * {_clamp01(f'({a[0]} / (C)6 + (C)0.5)')})",
+    "HardSwish": lambda a, lits, dt: f"({a[0]} * {_clamp01(f'({a[0]} / (C)6 + (C)0.5)')})",
     "Clip": _clip,
     "Pow": _pow,
 }
 
 
-def source(steps, n_inputs: int) -> str:
-    """The C body of the kernel for parsed ``steps`` (inputs ``x0..``, output ``y``)."""
+def source(steps, n_inputs: int, dtype=np.float64) -> str:
+    """The C body of the kernel for parsed ``steps`` (inputs ``x0..`` of ``dtype``, output
+    ``y``)."""
+    dtype = np.dtype(dtype)
     lines = [f"C a{j} = (C)x{j};" for j in range(n_inputs)]
     for k, (op, refs, lits) in enumerate(steps):
         args = [f"a{r[1:]}" if r[0] == "x" else f"t{r[1:]}" for r in refs]
-        lines.append(f"C t{k} = {_EXPR[op](args, lits)};")
+        lines.append(f"C t{k} = {_EXPR[op](args, lits, dtype)};")
     lines.append(f"y = (T)t{len(steps) - 1};")
     return "\n".join(lines)
 
@@ -112,7 +116,7 @@ def _kernel(program: tuple, n_inputs: int, dtype: np.dtype):
     if kern is None:
         import cupy
 
-        body = source(parse_program(program, n_inputs), n_inputs)
+        body = source(parse_program(program, n_inputs), n_inputs, dtype)
         compute = "double" if dtype == np.float64 else "float"
         params = ", ".join(f"T x{j}" for j in range(n_inputs))
         name = "onemodel_fused_" + hashlib.sha1("|".join(program).encode()).hexdigest()[:12]
