@@ -166,3 +166,16 @@ def test_on_the_gpu_matches_the_reference():
             np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
                                        rtol=tol, atol=tol, equal_nan=True,
                                        err_msg=f"{dtype.__name__} {program}")
+
+
+def test_the_registered_kernel_refuses_a_program_it_cannot_write():
+    """Kernel choice consults fused.supports, so a program with an op the generated C lacks
+    falls back to the host instead of failing on the device."""
+    from onemodel.tensors import registry
+
+    recs = [r for r in registry.kernels()["FusedElementwise"] if r.plugin == "cupy"]
+    assert recs, "the cupy plugin registers FusedElementwise"
+    check = recs[0].supports_function()
+    x = np.zeros(3, np.float32)
+    assert check(x, program=("Relu x0",))
+    assert not check(x, program=("NoSuchOp x0",))

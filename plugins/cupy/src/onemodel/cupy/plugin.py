@@ -106,7 +106,12 @@ def onemodel_register_backends(register) -> None:
              synchronize=f"{_D}:synchronize", fallback=True)
 
 
+# supports checks: a call these refuse runs on the host (the reference kernel)
+SUPPORTS = {"FusedElementwise": "onemodel.cupy.fused:supports"}
+
+
 @hookimpl
 def onemodel_register_kernels(register) -> None:
     for op, (impl, dtypes) in KERNELS.items():
-        register(op, impl, device=DEVICE, dtypes=dtypes, priority=PRIORITY)
+        register(op, impl, device=DEVICE, dtypes=dtypes, priority=PRIORITY,
+                 supports=SUPPORTS.get(op))
