@@ -61,16 +61,16 @@ def onemodel_register_backends(register) -> None:
 def onemodel_register_kernels(register) -> None:
     """Provide kernels for ops of the op set.
 
-    :param register: ``register(op, impl, *, device="cpu", dtypes=None, priority=0,
-        supports=None, writes_out=False)``. ``impl`` is a callable or a ``"module:attr"`` string naming one; it is
+    :param register: ``register(op, impl, *, device="cpu", dtypes=None, priority=0, supports=None,
+        writes_out=False)``. ``impl`` is a callable or a ``"module:attr"`` string naming one; it is
         called as ``impl(*arrays, **attrs)`` with numpy arrays and the op's attributes and returns
         an array (or a tuple for ops with several outputs). ``dtypes`` limits the kernel to calls
         whose first input has one of these DTypes. Among kernels that accept a call, the highest
         ``priority`` wins; the reference numpy kernels have priority 0. ``supports`` (same call
         signature as ``impl``, returns a bool) can refuse a particular call. ``writes_out``
-        (single-output ops only) says the kernel also takes a keyword ``out=``: a C-contiguous
-        array of exactly the output's shape and dtype that overlaps no input, which the kernel
-        fills completely and returns. The planner then gives it a buffer reused from run to run.
+        (single-output ops only) says the kernel also takes a keyword ``out=``: a C-contiguous array
+        of exactly the output's shape and dtype that overlaps no input, which the kernel fills
+        completely and returns. The planner then gives it a buffer reused from run to run.
 
     Example (``plugins/_template``)::
 
