@@ -71,6 +71,9 @@ def onemodel_register_kernels(register) -> None:
         (single-output ops only) says the kernel also takes a keyword ``out=``: a C-contiguous array
         of exactly the output's shape and dtype that overlaps no input, which the kernel fills
         completely and returns. The planner then gives it a buffer reused from run to run.
+        Two names outside the op set register optimizer updates that ``onemodel.training``'s
+        optimizers look up: ``"optim.SGD"`` and ``"optim.Adam"`` (one parameter's whole step,
+        in place; see ``onemodel.numba.optim`` for the signatures).
 
     Example (``plugins/_template``)::
 
