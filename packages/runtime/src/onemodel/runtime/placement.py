@@ -37,8 +37,8 @@ class DevicePlan(Plan):
         return super().execute_profiled([devices.to_device(a, self.device) for a in arrays],
                                         profiler)
 
-    def _owned(self, results: list, arrays) -> list:
-        return [self._own(r) for r in results]
+    def _owned(self, results: list, arrays, buffers: frozenset[int] = frozenset()) -> list:
+        return [self._own(r) for r in results]  # every output is copied (no buffers on devices)
 
     def _own(self, r):
         """An output as the caller gets it: a copy (it must not alias a constant or a feed),

@@ -101,16 +101,50 @@ class Plan:
         return vals
 
     def execute(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        if self._pool is not None:
-            return self._execute_buffered(arrays)
+        return self._with_buffers(self._execute, arrays)
+
+    def execute_profiled(self, arrays: Sequence[np.ndarray], profiler) -> list[np.ndarray]:
+        """``execute``, recording each step's time in ``profiler`` (profiling.Profiler)."""
+        return self._with_buffers(self._execute_profiled, arrays, profiler)
+
+    def _with_buffers(self, run, arrays, *args) -> list[np.ndarray]:
+        """``run(arrays, *args, bufs)`` with a buffer set checked out of the plan's pool for
+        the run and given back at the end, also when a kernel fails (``bufs`` is None for a
+        plan without planned buffers)."""
+        pool = self._pool
+        if pool is None:
+            return run(arrays, *args, None)
+        bufs, grew = pool.checkout()
+        if grew:  # a set the pool newly keeps adds to nbytes (the first is counted from the start)
+            with _NBYTES_LOCK:
+                self.nbytes += pool.set_nbytes
+        try:
+            return run(arrays, *args, bufs)
+        finally:
+            pool.checkin(bufs)
+
+    def _execute(self, arrays: Sequence[np.ndarray], bufs: BufferSet | None) -> list[np.ndarray]:
+        # steps of a plan without buffers all have buf < 0, so ``views`` is never read then
+        views = bufs.views if bufs is not None else ()
         vals = self._slots(arrays)
         step = None
         try:
             for step in self.steps:
-                if step.single_input:
-                    out = step.call(step.gather(vals))
+                k = step.buf
+                if k < 0:
+                    if step.single_input:
+                        out = step.call(step.gather(vals))
+                    else:
+                        out = step.call(*step.gather(vals))
                 else:
-                    out = step.call(*step.gather(vals))
+                    buf = views[k]
+                    if step.single_input:
+                        out = step.call(step.gather(vals), out=buf)
+                    else:
+                        out = step.call(*step.gather(vals), out=buf)
+                    if out is not buf:  # a kernel that broke the out= contract: still right
+                        buf[...] = out
+                        out = buf
                 outs = step.outs
                 if not step.multi:
                     vals[outs[0]] = out
@@ -121,78 +155,22 @@ class Plan:
                     vals[slot] = None
         except Exception as exc:  # any kernel error: name the node (costs nothing until raised)
             raise step_failure(step, vals, exc) from exc
-        return self._owned([vals[s] for _, s in self.outputs], arrays)
-
-    def _checkout(self) -> BufferSet:
-        """A buffer set for one run; a set the pool newly keeps adds to ``nbytes``."""
-        pool = self._pool
-        bufs, grew = pool.checkout()
-        if grew:  # the first set is counted from the start
-            with _NBYTES_LOCK:
-                self.nbytes += pool.set_nbytes
-        return bufs
-
-    def _execute_buffered(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """``execute`` with the planned buffers of one checked-out set, given back at the end
-        (also when a kernel fails)."""
-        bufs = self._checkout()
-        try:
-            views = bufs.views
-            vals = self._slots(arrays)
-            step = None
-            try:
-                for step in self.steps:
-                    k = step.buf
-                    if k < 0:
-                        if step.single_input:
-                            out = step.call(step.gather(vals))
-                        else:
-                            out = step.call(*step.gather(vals))
-                    else:
-                        buf = views[k]
-                        if step.single_input:
-                            out = step.call(step.gather(vals), out=buf)
-                        else:
-                            out = step.call(*step.gather(vals), out=buf)
-                        if out is not buf:  # a kernel that broke the out= contract: still right
-                            buf[...] = out
-                            out = buf
-                    outs = step.outs
-                    if not step.multi:
-                        vals[outs[0]] = out
-                    else:
-                        for slot, value in zip(outs, out):
-                            vals[slot] = value
-                    for slot in step.release:
-                        vals[slot] = None
-            except Exception as exc:
-                raise step_failure(step, vals, exc) from exc
-            return self._owned([vals[s] for _, s in self.outputs], arrays, bufs.roots)
-        finally:
-            self._pool.checkin(bufs)
-
-    def execute_profiled(self, arrays: Sequence[np.ndarray], profiler) -> list[np.ndarray]:
-        """``execute``, recording each step's time in ``profiler`` (profiling.Profiler)."""
-        if self._pool is None:
-            return self._execute_profiled(arrays, profiler, None)
-        bufs = self._checkout()
-        try:
-            return self._execute_profiled(arrays, profiler, bufs)
-        finally:
-            self._pool.checkin(bufs)
+        return self._owned([vals[s] for _, s in self.outputs], arrays,
+                           bufs.roots if bufs is not None else frozenset())
 
     def _execute_profiled(self, arrays, profiler, bufs: BufferSet | None) -> list[np.ndarray]:
         clock = profiler.now_us
+        views = bufs.views if bufs is not None else ()
         vals = self._slots(arrays)
         step = None
         try:
             for step in self.steps:
                 start = clock()
-                if bufs is None or step.buf < 0:
+                if step.buf < 0:
                     out = (step.call(step.gather(vals)) if step.single_input
                            else step.call(*step.gather(vals)))
                 else:
-                    buf = bufs.views[step.buf]
+                    buf = views[step.buf]
                     out = (step.call(step.gather(vals), out=buf) if step.single_input
                            else step.call(*step.gather(vals), out=buf))
                     if out is not buf:
@@ -210,10 +188,8 @@ class Plan:
                     vals[slot] = None
         except Exception as exc:
             raise step_failure(step, vals, exc) from exc
-        results = [vals[s] for _, s in self.outputs]
-        if bufs is None:  # (a DevicePlan's _owned takes no buffers)
-            return self._owned(results, arrays)
-        return self._owned(results, arrays, bufs.roots)
+        return self._owned([vals[s] for _, s in self.outputs], arrays,
+                           bufs.roots if bufs is not None else frozenset())
 
     def _owned(self, results: list, arrays: Sequence[np.ndarray],
                buffers: frozenset[int] = frozenset()) -> list[np.ndarray]:
