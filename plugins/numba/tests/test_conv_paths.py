@@ -175,21 +175,6 @@ def test_depthwise_gradients_match_the_reference(xs, ws, attrs, dtype):
         np.testing.assert_allclose(got, want, **TOL[dtype])
 
 
-@pytest.fixture
-def parallel_variants(monkeypatch):
-    """Every kernel call takes its parallel (prange) variant, on two threads."""
-    from onemodel.numba import _jit
-    from onemodel.tensors import threads
-
-    saved = threads.num_threads()
-    monkeypatch.setattr(_jit, "PARALLEL_MIN_BYTES", 0)
-    threads.set_num_threads(2)
-    _jit.sync_threads()
-    monkeypatch.setattr(_jit, "_parallel", True)
-    yield
-    threads.set_num_threads(saved)
-
-
 @pytest.mark.parametrize("case", CASES, ids=[f"{p}-{i}" for i, (p, *_) in enumerate(CASES)])
 def test_parallel_variants_match_the_reference(case, parallel_variants):
     path, xs, ws, attrs = case

@@ -282,21 +282,6 @@ def test_the_reference_stays_the_fallback(op):
         assert not supports(np.zeros((2, 3), np.float16))
 
 
-@pytest.fixture
-def parallel_variants(monkeypatch):
-    """Every kernel call takes its parallel (prange) variant, on two threads."""
-    from onemodel.numba import _jit
-    from onemodel.tensors import threads
-
-    saved = threads.num_threads()
-    monkeypatch.setattr(_jit, "PARALLEL_MIN_BYTES", 0)
-    threads.set_num_threads(2)
-    _jit.sync_threads()
-    monkeypatch.setattr(_jit, "_parallel", True)
-    yield
-    threads.set_num_threads(saved)
-
-
 @pytest.mark.parametrize("case", CASES, ids=_ids())
 def test_parallel_variant_matches_the_reference(case, parallel_variants):
     op, specs, attrs = case
