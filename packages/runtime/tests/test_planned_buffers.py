@@ -54,6 +54,12 @@ def sigmoid(x, *, out=None):
     return 1 / (1 + np.exp(-x))
 
 
+def neg(x, *, out=None):
+    """Breaks the contract worse: returns one row, which numpy would broadcast into ``out``."""
+    _note(out)
+    return -x[:1]
+
+
 def same_shapes(*arrays, **attrs):
     return len({a.shape for a in arrays}) == 1
 
@@ -62,7 +68,7 @@ class Plugin:
     @hookimpl
     def onemodel_register_kernels(self, register):
         for op, fn in (("Relu", "relu"), ("Add", "add"), ("Tanh", "tanh"),
-                       ("Sigmoid", "sigmoid")):
+                       ("Sigmoid", "sigmoid"), ("Neg", "neg")):
             register(op, f"{__name__}:{fn}", dtypes=["F32"], priority=10, writes_out=True,
                      supports=f"{__name__}:same_shapes")
 
@@ -261,6 +267,17 @@ def test_a_kernel_that_ignores_out_is_still_right(plugin):
     want = _relu(1 / (1 + np.exp(-(1 / (1 + np.exp(-xv))))))
     for _ in range(2):
         np.testing.assert_allclose(s.run({"x": xv}, return_numpy=True)[y], want, 1e-6)
+
+
+@pytest.mark.parametrize("profile", [False, True])
+def test_a_kernel_returning_another_shape_is_an_error_not_a_broadcast(plugin, profile):
+    b_ = GraphBuilder()
+    x = b_.input("x", DType.F32, (5, 7))
+    y = b_.op("Relu", b_.op("Neg", b_.op("Relu", x)))
+    b_.output(y)
+    s = Session(b_.build(), optimize=False, profile=profile)
+    with pytest.raises(ExecutionError, match=r"Neg.*writes_out=True must fill out"):
+        s.run({"x": np.ones((5, 7), np.float32)})
 
 
 def test_profiled_runs_use_the_buffers_too(plugin):

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onemodel.tensors import OneModelError
+
 ENV = "ONEMODEL_PLANNED_BUFFERS"
 ALIGN = 64  # bytes: each arena starts on a cache line, so vector loads and stores line up
 MAX_SETS = 8  # buffer sets a plan keeps for runs in parallel; more runs get temporary ones
@@ -125,12 +127,26 @@ def fresh_out(call, shape: tuple[int, ...], dtype: np.dtype):
 
     def run(*args):
         out = np.empty(shape, dtype)
-        got = call(*args, out=out)
-        if got is not out:  # a kernel that broke the out= contract: still right
-            out[...] = got
-        return out
+        return into(call(*args, out=out), out, call)
 
     return run
+
+
+def into(got, out: np.ndarray, kernel) -> np.ndarray:
+    """``out`` holding what a kernel given ``out=`` returned. A kernel that kept the contract
+    returned ``out`` itself; one that returned another array of the same shape and dtype is
+    copied in (still right); anything else is an error, never a broadcast into the buffer."""
+    if got is out:
+        return out
+    if getattr(got, "shape", None) != out.shape or getattr(got, "dtype", None) != out.dtype:
+        name = getattr(kernel, "__qualname__", None) or getattr(
+            getattr(kernel, "func", None), "__qualname__", repr(kernel))
+        raise OneModelError(
+            f"kernel {name} was given out= of {out.dtype}{list(out.shape)} and returned "
+            f"{getattr(got, 'dtype', type(got).__name__)}{list(np.shape(got))}: a kernel "
+            "registered with writes_out=True must fill out and return it")
+    out[...] = got
+    return out
 
 
 def _groups(io, cands):

@@ -142,9 +142,8 @@ class Plan:
                         out = step.call(step.gather(vals), out=buf)
                     else:
                         out = step.call(*step.gather(vals), out=buf)
-                    if out is not buf:  # a kernel that broke the out= contract: still right
-                        buf[...] = out
-                        out = buf
+                    if out is not buf:  # a kernel that broke the out= contract
+                        out = _buffers.into(out, buf, step.call)
                 outs = step.outs
                 if not step.multi:
                     vals[outs[0]] = out
@@ -173,9 +172,8 @@ class Plan:
                     buf = views[step.buf]
                     out = (step.call(step.gather(vals), out=buf) if step.single_input
                            else step.call(*step.gather(vals), out=buf))
-                    if out is not buf:
-                        buf[...] = out
-                        out = buf
+                    if out is not buf:  # a kernel that broke the out= contract
+                        out = _buffers.into(out, buf, step.call)
                 if not step.multi:
                     vals[step.outs[0]] = out
                 else:
