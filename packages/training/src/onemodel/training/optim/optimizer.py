@@ -5,13 +5,15 @@ Updates run on the parameters' numpy buffers in place (no ops, no tape, no new t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from onemodel.tensors import DType, OneModelError, Tensor, devices, registry
+from onemodel.tensors import OneModelError, Tensor, devices, registry
+from onemodel.tensors.errors import PluginError
 
 # (update name, numpy dtype) -> a registered update kernel, or None: use the numpy update
 _updates: dict[tuple, Any] = {}
@@ -30,11 +32,9 @@ def update_kernel(name: str, *arrays: np.ndarray):
     if key not in _updates:
         fn = None
         if dt.kind == "f":
-            want = DType.from_numpy(dt)
-            for rec in registry.kernels().get(name, ()):
-                if rec.device == "cpu" and (rec.dtypes is None or want in rec.dtypes):
-                    fn = rec.function()
-                    break
+            # the registry's one kernel choice; none registered for these arrays: numpy's update
+            with contextlib.suppress(PluginError):
+                fn = registry.choose_kernel(name, "cpu", arrays)
         _updates[key] = fn
     return _updates[key]
 
