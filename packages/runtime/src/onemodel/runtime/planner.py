@@ -39,6 +39,7 @@ from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec, registry
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.base import UnknownValueError
 from onemodel.tensors.ops.sequence import OptionalSpec, SequenceSpec, accepts_values, spec_of_value
+from onemodel.tensors.ops.specialize import CallSite, specialize
 
 from . import buffers as _buffers
 from .buffers import BufferPool, BufferSet
@@ -398,6 +399,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         pending.append((n, in_specs, out_specs))
 
     steps_src = []
+    sites: dict[int, tuple] = {}  # step -> its specs, where every shape is known (specialize)
     candidates: dict[int, tuple[tuple[int, ...], np.dtype]] = {}  # step -> its out= buffer
     for n, in_specs, out_specs in pending:
         named = [spec for spec, name in zip(out_specs or (), n.outputs) if name]
@@ -406,6 +408,8 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
                                                                    for o in n.outputs)))
             continue
         kernel, writes_out = _choose_kernel(n, in_specs)
+        if out_specs is not None and _concrete(in_specs) and _concrete(out_specs):
+            sites[len(steps_src)] = (in_specs, out_specs)
         ins = tuple(slot(i) if i else 0 for i in n.inputs)
         outs = tuple(slot(o) if o else 1 for o in n.outputs)
         if buffers and writes_out and _bufferable(n, out_specs):
@@ -446,6 +450,8 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
             continue
         attrs = n.attrs if ins else None  # an empties step takes neither inputs nor attributes
         call = partial(kernel, **attrs) if attrs else kernel
+        if ins and k in sites:
+            call = specialize(kernel, _call_site(sites[k], n, consts, call)) or call
         if layout is not None and k in layout.escaping:
             call = _buffers.fresh_out(call, *candidates[k])
         gather = itemgetter(*ins) if ins else (lambda vals: ())
@@ -481,6 +487,23 @@ def _bufferable(n, out_specs) -> bool:
     spec = out_specs[0]
     return isinstance(spec, TensorSpec) and _size(spec) > 0 and \
         all(not isinstance(d, DimExpr) for d in spec.shape)
+
+
+def _concrete(specs) -> bool:
+    """Every spec is an omitted input or a tensor of known sizes."""
+    return all(s is None or (isinstance(s, TensorSpec) and
+                             all(not isinstance(d, DimExpr) for d in s.shape)) for s in specs)
+
+
+def _call_site(specs, n, consts, generic) -> CallSite:
+    """What ``specialize`` is told about node ``n``: its specs, its constant inputs."""
+    in_specs, out_specs = specs
+    return CallSite(
+        tuple(None if s is None else tuple(int(d) for d in s.shape) for s in in_specs),
+        tuple(None if s is None else np.dtype(s.dtype.numpy) for s in in_specs),
+        tuple(consts.get(i) if i else None for i in n.inputs),
+        dict(n.attrs), tuple(None if s is None else tuple(int(d) for d in s.shape)
+                             for s in out_specs), generic)
 
 
 def _unbound(out_specs) -> bool:

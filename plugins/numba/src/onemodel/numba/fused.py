@@ -22,6 +22,7 @@ import numpy as np
 
 from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.fused import parse_program
+from onemodel.tensors.ops.specialize import CallSite, specializer
 
 from . import _jit
 from ._jit import sync_threads
@@ -232,3 +233,28 @@ def fused_elementwise(*inputs, program=(), out=None):
     args = [a.reshape(s) for a, s in zip(inputs, shaped)]
     (fn if _jit._parallel else fn.serial)(out.reshape(dims), *args)
     return out
+
+
+@specializer(fused_elementwise)
+def _fused_at(site: CallSite):
+    """The chain's plan (broadcast, collapsed dims, generated kernel) looked up once: a call
+    checks its inputs' shapes, reshapes only those that need it and runs the kernel."""
+    if any(s is None for s in site.shapes):
+        return None
+    shapes, dtype, generic = site.shapes, site.dtypes[0], site.generic
+    key = (tuple(site.attrs.get("program", ())), dtype, shapes)
+    out_shape, size, dims, shaped, fn = _plans.get(key) or _plan(key)
+    if size == 0:
+        return None
+    views = tuple(s if s != want else None for s, want in zip(shaped, shapes))
+
+    def fused(*inputs, out=None):
+        if tuple(map(_SHAPE, inputs)) != shapes or inputs[0].dtype != dtype:
+            return generic(*inputs, out=out)
+        sync_threads()
+        if out is None:
+            out = np.empty(out_shape, dtype)
+        args = [a if v is None else a.reshape(v) for a, v in zip(inputs, views)]
+        (fn if _jit._parallel else fn.serial)(out.reshape(dims), *args)
+        return out
+    return fused

@@ -9,6 +9,7 @@ from ..errors import ShapeError
 from ..symbolic import may_equal
 from ._grad import call, unbroadcast
 from .base import TensorSpec, broadcast_shapes, defop, same_dtype
+from .specialize import CallSite, specializer
 
 
 def _matmul_shape(specs):
@@ -60,6 +61,16 @@ def matmul(A, B, *, out=None):
     if out is None:
         return np.matmul(A, B)
     return _product_into(A, B, out)
+
+
+@specializer(matmul.kernel)
+def _matmul_at(site: CallSite):
+    """A dtype numpy multiplies natively: ``np.matmul`` straight into ``out`` (numpy checks
+    the shapes itself)."""
+    dtype = site.dtypes[0]
+    if dtype is None or dtype.kind not in _NATIVE_KINDS or not dtype.isbuiltin:
+        return None
+    return lambda A, B, out=None: np.matmul(A, B, out=out)
 
 
 def _gemm_shape(specs, *, alpha=1.0, beta=1.0, transA=0, transB=0):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..dtype import NUMERIC, DType
 from ..errors import ShapeError
 from .adapters import ImportNode, attribute_to_input, onnx_adapter
 from .base import TensorSpec, const_ints, defop, norm_axis, same_dtype
+from .specialize import CallSite, specializer
 
 
 def _axes(data: np.ndarray, axes, noop_with_empty_axes: int):
@@ -115,6 +118,37 @@ def reduce_mean(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
     else:
         mean = (data.dtype.type if half else total.dtype.type)(total / n)
     return mean.astype(data.dtype, copy=False)
+
+
+@specializer(reduce_mean.kernel)
+def _reduce_mean_at(site: CallSite):
+    """float32/float64 over constant axes, the count exact in the dtype and the result an
+    array: the sum and its in-place division, as the generic kernel does, axes and count
+    worked out once."""
+    src, dtype, generic = site.shapes[0], site.dtypes[0], site.generic
+    axes = site.values[1] if len(site.values) > 1 else None
+    if dtype not in _EXACT_COUNT or (len(site.shapes) > 1 and site.shapes[1] is not None
+                                     and axes is None):
+        return None
+    empty_noop = site.attrs.get("noop_with_empty_axes", 0)
+    if axes is None or axes.size == 0:
+        if empty_noop:
+            return None
+        ax = tuple(range(len(src)))
+    else:
+        ax = tuple(sorted({int(a) % len(src) for a in axes.reshape(-1).tolist()}))
+    count = math.prod(src[a] for a in ax)
+    keep = bool(site.attrs.get("keepdims", 1))
+    if not 0 < count <= _EXACT_COUNT[dtype] or (not keep and len(ax) == len(src)):
+        return None
+    divisor = dtype.type(count)
+
+    def mean(data, *rest):
+        if data.shape != src or data.dtype != dtype:
+            return generic(data, *rest)
+        total = np.add.reduce(data, axis=ax, keepdims=keep)
+        return np.true_divide(total, divisor, out=total)
+    return mean
 
 
 def _extreme_grad(ctx, g):

@@ -21,6 +21,7 @@ from .base import (
     norm_axis,
     same_dtype,
 )
+from .specialize import CallSite, specializer
 
 # Reshape -------------------------------------------------------------------------------------
 
@@ -72,6 +73,24 @@ def reshape(data, shape, *, allowzero=0):
     return data.reshape(reshape_target(data.shape, target, allowzero))
 
 
+def _view_as_output(site: CallSite):
+    """The specialized call of an op that only gives its input another shape (Reshape,
+    Flatten, Squeeze, Unsqueeze) once its shape-setting inputs are constants: a reshape to
+    the planned output shape."""
+    if any(v is None for s, v in zip(site.shapes[1:], site.values[1:]) if s is not None):
+        return None  # a target computed at run time: the generic kernel reads it
+    src, target, generic = site.shapes[0], site.out_shapes[0], site.generic
+
+    def view_as_output(data, *rest):
+        if data.shape != src:
+            return generic(data, *rest)
+        return data.reshape(target)
+    return view_as_output
+
+
+specializer(reshape.kernel)(_view_as_output)
+
+
 def _flatten_shape(specs, *, axis=1):
     x = specs[0]
     nd = len(x.shape)
@@ -88,6 +107,9 @@ def flatten(input, *, axis=1):
     shape = input.shape
     a = axis % len(shape) if shape and axis < 0 else axis
     return input.reshape(math.prod(shape[:a]), math.prod(shape[a:]))
+
+
+specializer(flatten.kernel)(_view_as_output)
 
 
 # Transpose -----------------------------------------------------------------------------------
@@ -112,6 +134,12 @@ def _transpose_grad(ctx, g):
 @defop("Transpose", shape=_transpose_shape, grad=_transpose_grad)
 def transpose(data, *, perm=None):
     return data.transpose() if perm is None else data.transpose(perm)
+
+
+@specializer(transpose.kernel)
+def _transpose_at(site: CallSite):
+    perm = _perm(len(site.shapes[0]), site.attrs.get("perm"))
+    return lambda data: data.transpose(perm)  # numpy checks the rank
 
 
 # Squeeze / Unsqueeze ---------------------------------------------------------------------------
@@ -144,6 +172,9 @@ def squeeze(data, axes=None):
     return np.squeeze(data, axis=tuple(int(a) % data.ndim for a in axes))
 
 
+specializer(squeeze.kernel)(_view_as_output)
+
+
 def _unsqueeze_shape(specs):
     x = specs[0]
     axes = const_ints(specs[1], "Unsqueeze axes")
@@ -169,6 +200,9 @@ def unsqueeze(data, axes):
     for a in pos:
         shape.insert(a, 1)
     return data.reshape(shape)  # a view, as np.expand_dims gives, without its checks' cost
+
+
+specializer(unsqueeze.kernel)(_view_as_output)
 
 
 # Expand --------------------------------------------------------------------------------------
@@ -198,6 +232,26 @@ def expand(input, shape):
         dst[...] = input
         return dst
     return np.broadcast_to(input, out)
+
+
+@specializer(expand.kernel)
+def _expand_at(site: CallSite):
+    if site.values[1] is None:
+        return None
+    src, out, dtype, generic = site.shapes[0], site.out_shapes[0], site.dtypes[0], site.generic
+    copy = out != src and math.prod(out) <= 4096  # the generic kernel's choice, made once
+
+    def expand_to(input, shape):
+        if input.shape != src:
+            return generic(input, shape)
+        if out == src:
+            return input.view()
+        if copy:
+            dst = np.empty(out, dtype)
+            dst[...] = input
+            return dst
+        return np.broadcast_to(input, out)
+    return expand_to
 
 
 # Concat / Split ------------------------------------------------------------------------------
@@ -422,6 +476,22 @@ def slice_(data, starts, ends, axes=None, steps=None):
     return data[_slice_index(data.shape, starts, ends, axes, steps)]
 
 
+@specializer(slice_.kernel)
+def _slice_at(site: CallSite):
+    values = site.values[1:] + (None,) * (5 - len(site.values))
+    if any(v is None for s, v in zip(site.shapes[1:], values) if s is not None):
+        return None  # bounds computed at run time
+    starts, ends, axes, steps = (None if v is None else v.tolist() for v in values)
+    src, generic = site.shapes[0], site.generic
+    index = _slice_index(src, starts, ends, axes, steps)
+
+    def sliced(data, *bounds):
+        if data.shape != src:
+            return generic(data, *bounds)
+        return data[index]
+    return sliced
+
+
 def _slice_grad_shape(specs):
     shape = const_ints(specs[1], "SliceGrad shape")
     return TensorSpec(tuple(shape), specs[0].dtype)
@@ -464,6 +534,26 @@ def _gather_value(in_specs, values, attrs):
 def gather(data, indices, *, axis=0):
     # np.take counts negative indices from the end, as ONNX does, and refuses out-of-range ones
     return np.take(data, indices, axis=axis % data.ndim)
+
+
+@specializer(gather.kernel)
+def _gather_at(site: CallSite):
+    """A constant scalar index (a token position, one head) into a tensor of rank 2 or more:
+    a basic-indexing view instead of np.take's copy. An index out of range, or a rank-1 input
+    (basic indexing would give a numpy scalar, not a 0-d array), keeps the generic kernel."""
+    idx, src, generic = site.values[1], site.shapes[0], site.generic
+    if idx is None or idx.ndim != 0 or len(src) < 2:
+        return None
+    axis = site.attrs.get("axis", 0) % len(src)
+    if not -src[axis] <= int(idx) < src[axis]:
+        return None
+    index = (slice(None),) * axis + (int(idx),)
+
+    def gathered(data, indices):
+        if data.shape != src:
+            return generic(data, indices)
+        return data[index]
+    return gathered
 
 
 def _gather_grad_shape(specs, *, axis=0):

@@ -1,0 +1,121 @@
+"""Kernels specialized while planning (onemodel.tensors.ops.specialize) give what the generic
+kernel gives, bit for bit, and take the generic path when handed other shapes than planned."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+
+from onemodel.runtime import GraphBuilder, Session
+from onemodel.tensors import DType, OneModelError
+from onemodel.tensors.ops import OPS
+from onemodel.tensors.ops.specialize import CallSite, specialize
+
+RNG = np.random.default_rng(0)
+
+
+def _x(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def _c(values):
+    return np.asarray(values, np.int64)
+
+
+# (op, inputs (arrays; those wrapped in _c are constants of the graph), attributes)
+CASES = [
+    ("Reshape", [_x(2, 3, 4), _c([4, -1])], {}),
+    ("Reshape", [_x(2, 3, 4), _c([0, 12])], {}),
+    ("Flatten", [_x(2, 3, 4)], {"axis": 2}),
+    ("Squeeze", [_x(2, 1, 4), _c([1])], {}),
+    ("Squeeze", [_x(1, 3, 1)], {}),
+    ("Unsqueeze", [_x(3, 4), _c([0, -1])], {}),
+    ("Transpose", [_x(2, 3, 4)], {"perm": (2, 0, 1)}),
+    ("Transpose", [_x(2, 3, 4)], {}),
+    ("Expand", [_x(3, 1), _c([2, 3, 4])], {}),
+    ("Expand", [_x(1, 1), _c([100, 100])], {}),
+    ("Expand", [_x(3, 4), _c([3, 4])], {}),
+    ("Slice", [_x(6, 7), _c([1, -3]), _c([5, 10**18]), _c([0, 1])], {}),
+    ("Slice", [_x(6, 7), _c([-1]), _c([-100]), _c([1]), _c([-2])], {}),
+    ("Slice", [_x(6, 7), _c([2]), _c([4])], {}),
+    ("Gather", [_x(3, 4, 5), _c(1)], {"axis": 1}),
+    ("Gather", [_x(3, 4, 5), _c(-1)], {"axis": -1}),
+    ("Gather", [_x(3, 4, 5), _c([2, 0])], {"axis": 0}),
+    ("MatMul", [_x(2, 3, 4), _x(4, 5)], {}),
+    ("MatMul", [_x(3, 4, dtype=np.int64), _x(4, 2, dtype=np.int64)], {}),
+    ("ReduceMean", [_x(2, 5, 32), _c([-1])], {"keepdims": 1}),
+    ("ReduceMean", [_x(2, 5, 32), _c([0, 2])], {"keepdims": 0}),
+    ("ReduceMean", [_x(2, 5, 32, dtype=np.float64)], {"keepdims": 1}),
+    ("ReduceMean", [_x(4, 6)], {"keepdims": 0}),  # a 0-d result: the generic kernel
+]
+
+
+def _is_const(op, i, value) -> bool:
+    """The integer inputs after the first (targets, axes, bounds, indices) are constants."""
+    return op != "MatMul" and i > 0 and value.dtype == np.int64
+
+
+def _session(op, inputs, attrs):
+    b = GraphBuilder()
+    names, feeds = [], {}
+    for i, value in enumerate(inputs):
+        if _is_const(op, i, value):
+            names.append(b.const(value))
+        else:
+            name = f"in{i}"
+            names.append(b.input(name, DType.from_numpy(value.dtype), value.shape))
+            feeds[name] = value
+    b.output(b.op(op, *names, **attrs), "y")
+    return Session(b.build(), optimize=False), feeds
+
+
+@pytest.mark.parametrize("op,inputs,attrs", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_specialized_equals_generic(op, inputs, attrs):
+    session, feeds = _session(op, inputs, attrs)
+    want = np.asarray(OPS[op].kernel(*inputs, **attrs))
+    for _ in range(2):  # the first run and a steady one (planned buffers in place)
+        got = session.run(feeds)["y"].numpy()
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def _site(op, inputs, attrs):
+    """The call site the planner would describe for ``inputs`` (every input's value given)."""
+    out = np.asarray(OPS[op].kernel(*inputs, **attrs))
+    return CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
+                    tuple(a if _is_const(op, i, a) else None for i, a in enumerate(inputs)),
+                    dict(attrs), (out.shape,), partial(OPS[op].kernel, **attrs))
+
+
+@pytest.mark.parametrize("op,inputs,attrs", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_other_shapes_take_the_generic_path(op, inputs, attrs):
+    call = specialize(OPS[op].kernel, _site(op, inputs, attrs))
+    if call is None:
+        pytest.skip("declined: the generic kernel runs")
+    np.testing.assert_array_equal(call(*inputs), OPS[op].kernel(*inputs, **attrs))
+    # the first input one longer on its first axis (still valid for the op's other inputs)
+    grown = [np.concatenate([inputs[0], inputs[0][:1]])] + inputs[1:]
+    try:
+        want = OPS[op].kernel(*grown, **attrs)
+    except Exception:  # the op refuses the grown shape: so must the call
+        with pytest.raises(Exception):  # noqa: B017
+            call(*grown)
+        return
+    np.testing.assert_array_equal(call(*grown), want)
+
+
+def test_plans_use_the_specialized_calls():
+    session, feeds = _session("Slice", CASES[11][1], {})
+    session.run(feeds)
+    steps = next(iter(session._plans.values())).steps
+    assert [s.call.__qualname__.split(".")[0] for s in steps if s.op == "Slice"] == ["_slice_at"]
+
+
+def test_gather_out_of_range_still_fails_naming_the_node():
+    session, feeds = _session("Gather", [_x(3, 4), _c(7)], {"axis": 1})
+    with pytest.raises(OneModelError, match="Gather"):
+        session.run(feeds)
