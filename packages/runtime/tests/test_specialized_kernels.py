@@ -45,6 +45,12 @@ CASES = [
     ("Gather", [_x(3, 4, 5), _c([2, 0])], {"axis": 0}),
     ("MatMul", [_x(2, 3, 4), _x(4, 5)], {}),
     ("MatMul", [_x(3, 4, dtype=np.int64), _x(4, 2, dtype=np.int64)], {}),
+    ("Gemm", [_x(3, 4), _x(5, 4), _x(5)], {"transB": 1}),
+    ("Gemm", [_x(4, 3), _x(4, 5), _x(3, 5)], {"transA": 1, "alpha": 0.5, "beta": 2.0}),
+    ("Gemm", [_x(3, 4, dtype=np.float64), _x(4, 5, dtype=np.float64)], {}),
+    ("FusedGemm", [_x(3, 4), _x(4, 5), _x(5)], {"activation": "Relu"}),
+    ("FusedGemm", [_x(3, 4), _x(5, 4), _x(1, 5)], {"activation": "Sigmoid", "transB": 1}),
+    ("FusedGemm", [_x(3, 4), _x(4, 5)], {"activation": "Tanh", "alpha": 2.0}),
     ("ReduceMean", [_x(2, 5, 32), _c([-1])], {"keepdims": 1}),
     ("ReduceMean", [_x(2, 5, 32), _c([0, 2])], {"keepdims": 0}),
     ("ReduceMean", [_x(2, 5, 32, dtype=np.float64)], {"keepdims": 1}),
@@ -54,7 +60,7 @@ CASES = [
 
 def _is_const(op, i, value) -> bool:
     """The integer inputs after the first (targets, axes, bounds, indices) are constants."""
-    return op != "MatMul" and i > 0 and value.dtype == np.int64
+    return op not in ("MatMul", "Gemm", "FusedGemm") and i > 0 and value.dtype == np.int64
 
 
 def _session(op, inputs, attrs):

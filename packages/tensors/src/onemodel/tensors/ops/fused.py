@@ -4,6 +4,8 @@ elementwise ops as one node. Inference only."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..dtype import FLOATING
@@ -11,6 +13,7 @@ from ..errors import ShapeError
 from .base import OPS, TensorSpec, broadcast_shapes, defop, same_dtype
 from .linalg import _gemm_shape, gemm
 from .nn import _conv_shape, conv
+from .specialize import CallSite, specialize, specializer
 
 ACTIVATIONS = ("Relu", "Sigmoid", "Tanh")
 
@@ -47,11 +50,31 @@ def _fused_gemm_shape(specs, *, activation="Relu", **attrs):
     return _gemm_shape(specs, **attrs)
 
 
-@defop("FusedGemm", shape=_fused_gemm_shape, domain="onemodel")
-def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0, transB=0):
-    """Gemm followed by ``activation`` (Relu, Sigmoid or Tanh)."""
-    y = gemm.kernel(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB)
+@defop("FusedGemm", shape=_fused_gemm_shape, domain="onemodel", writes_out=True)
+def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0, transB=0,
+               out=None):
+    """Gemm followed by ``activation`` (Relu, Sigmoid or Tanh); ``out``: the planned buffer."""
+    y = gemm.kernel(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB, out=out)
     return _activate(y, activation)
+
+
+@specializer(fused_gemm.kernel)
+def _fused_gemm_at(site: CallSite):
+    """The Gemm's own specialized call, then the activation in place."""
+    attrs = dict(site.attrs)
+    activation = attrs.pop("activation", "Relu")
+    product = specialize(gemm.kernel, replace(site, attrs=attrs))
+    if product is None or activation not in ACTIVATIONS:
+        return None
+    if activation == "Relu":  # the common case without _activate's dispatch
+        def gemm_relu(A, B, C=None, out=None):
+            y = product(A, B, C, out=out)
+            return np.maximum(y, 0, out=y)
+        return gemm_relu
+
+    def gemm_activation(A, B, C=None, out=None):
+        return _activate(product(A, B, C, out=out), activation)
+    return gemm_activation
 
 
 # elementwise chains ------------------------------------------------------------------------------

@@ -125,3 +125,25 @@ def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None):
     if C is not None:
         y += C * np.asarray(beta, y.dtype) if beta != 1.0 else C
     return y
+
+
+@specializer(gemm.kernel)
+def _gemm_at(site: CallSite):
+    """A dtype numpy multiplies natively: the transposes, scalings and bias as the generic
+    kernel does them, decided once (numpy checks the shapes itself)."""
+    dtype = site.dtypes[0]
+    if dtype is None or dtype.kind not in _NATIVE_KINDS or not dtype.isbuiltin:
+        return None
+    trans_a, trans_b = site.attrs.get("transA", 0), site.attrs.get("transB", 0)
+    alpha, beta = site.attrs.get("alpha", 1.0), site.attrs.get("beta", 1.0)
+    scale = None if alpha == 1.0 else np.asarray(alpha, dtype)
+    weight = None if beta == 1.0 else np.asarray(beta, dtype)
+
+    def gemm_call(A, B, C=None, out=None):
+        y = np.matmul(A.T if trans_a else A, B.T if trans_b else B, out=out)
+        if scale is not None:
+            y *= scale
+        if C is not None:
+            y += C if weight is None else C * weight
+        return y
+    return gemm_call
