@@ -14,18 +14,22 @@ chunking) is worked out once and memoized."""
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
 from numba import prange
 from onemodel.tensors.ops.nn import _geometry
+from onemodel.tensors.ops.specialize import CallSite, specializer
 
+from . import _jit
 from ._jit import jit, sync_threads
 
 U = np.uint64
 ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3}
 _COLS_BUDGET = 32 << 20  # bytes of im2col columns (or GEMM results) built at once
 _NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
+_UNSET = object()  # no constant input planned: no array is this
 # depthwise convolutions without a channel multiplier, with at least this many channels and
 # output planes this small, run channels-last (vectorized over the channels): measured 2-10x
 # faster than the per-channel kernels there; below 16 channels a vector is not filled
@@ -533,17 +537,29 @@ def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=
                  strides, out)
 
 
-def _as_2d(X, W, kernel_shape, pads, strides, dilations, out):
-    """A 1-D convolution as the 2-D one over a height of 1 (views, no copies)."""
-    X = X.reshape(X.shape[0], X.shape[1], 1, X.shape[2])
-    W = W.reshape(W.shape[0], W.shape[1], 1, W.shape[2])
+def _attrs_2d(kernel_shape, pads, strides, dilations):
+    """A 1-D convolution's attributes as the 2-D one's over a height of 1."""
     kernel_shape = (1, kernel_shape[0]) if kernel_shape else None
     pads = (0, pads[0], 0, pads[1]) if pads else None
     strides = (1, strides[0]) if strides else None
     dilations = (1, dilations[0]) if dilations else None
+    return kernel_shape, pads, strides, dilations
+
+
+def _as_2d(X, W, kernel_shape, pads, strides, dilations, out):
+    """A 1-D convolution as the 2-D one over a height of 1 (views, no copies)."""
+    X = X.reshape(X.shape[0], X.shape[1], 1, X.shape[2])
+    W = W.reshape(W.shape[0], W.shape[1], 1, W.shape[2])
+    kernel_shape, pads, strides, dilations = _attrs_2d(kernel_shape, pads, strides, dilations)
     if out is not None:
         out = out.reshape(out.shape[0], out.shape[1], 1, out.shape[2])
     return X, W, kernel_shape, pads, strides, dilations, out
+
+
+def _pick(kernel):
+    """A dual kernel's serial variant with one thread (what ``_Dual.__call__`` would choose,
+    without its per-call sum of the arguments' sizes), the dual kernel itself else."""
+    return kernel if _jit._parallel else kernel.serial
 
 
 def _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides, out):
@@ -555,20 +571,28 @@ def _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides,
     sync_threads()
     X = np.ascontiguousarray(X)
     W = np.ascontiguousarray(W)
-    path, shape, s, pb, d, k, chunk = _plan_of(X, W, kernel_shape, strides, pads, dilations,
-                                               auto_pad, group)
+    plan = _plan_of(X, W, kernel_shape, strides, pads, dilations, auto_pad, group)
+    has_bias = B is not None
+    bias = np.ascontiguousarray(B) if has_bias else _NO_BIAS[X.dtype]
+    return _run(X, W, bias, has_bias, act, group, plan, out)
+
+
+def _run(X, W, bias, has_bias, act, group, plan, out):
+    """The convolution of C-contiguous NCHW ``X`` and ``W`` with its plan (:func:`_plan`):
+    the per-call part, shared by the generic call and the plan-time specialized one."""
+    path, shape, s, pb, d, k, chunk = plan
     y = np.empty(shape, X.dtype) if out is None else out
     n, m, oh, ow = shape
     if y.size == 0:
         return y
-    has_bias = B is not None
-    bias = np.ascontiguousarray(B) if has_bias else _NO_BIAS[X.dtype]
     if path == _DW_NHWC:  # bias and activation applied in the same pass
-        _depthwise_nhwc(X, W, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias, act, y)
+        _pick(_depthwise_nhwc)(X, W, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias, act,
+                               y)
         return y
     if path <= _DW:
         kernel = _depthwise_table if path == _DW_TABLE else _depthwise
-        kernel(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias, act, y)
+        _pick(kernel)(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias,
+                      act, y)
         return y
     length = oh * ow
     c = X.shape[1]
@@ -583,38 +607,127 @@ def _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides,
             np.matmul(W.reshape(group, mg, c // group), X.reshape(n, group, c // group, length),
                       out=y.reshape(n, group, mg, length))
         if has_bias or act:
-            _epilogue(y3, bias, has_bias, act)
+            _pick(_epilogue)(y3, bias, has_bias, act)
         return y
     rows = c * k[0] * k[1]
     w3 = W.reshape(group, mg, rows // group)
     cols_all = np.empty(rows * chunk * length, X.dtype)
+    im2col = _pick(_im2col)
     if path == _BY_IMAGE:  # columns of a chunk of images, one GEMM per image into y
         for start in range(0, n, chunk):
             n_img = min(chunk, n - start)
             cols = cols_all[:rows * n_img * length].reshape(n_img, rows, length)
-            _im2col(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1],
-                    oh, ow, cols, True)
+            im2col(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1],
+                   oh, ow, cols, True)
             np.matmul(w3, cols.reshape(n_img, group, rows // group, length),
                       out=y3[start:start + n_img].reshape(n_img, group, mg, length))
         if has_bias or act:
-            _epilogue(y3, bias, has_bias, act)
+            _pick(_epilogue)(y3, bias, has_bias, act)
         return y
     # one GEMM per chunk: the weights are read once for all its images
     res_all = np.empty(m * chunk * length, X.dtype)
+    scatter = _pick(_scatter)
     for start in range(0, n, chunk):
         n_img = min(chunk, n - start)
         width = n_img * length
         cols = cols_all[:rows * width].reshape(rows, n_img, length)
-        _im2col(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh,
-                ow, cols, False)
+        im2col(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh,
+               ow, cols, False)
         res = res_all[:m * width].reshape(m, width)
         if group == 1:
             np.matmul(w3[0], cols.reshape(rows, width), out=res)
         else:
             np.matmul(w3, cols.reshape(group, rows // group, width),
                       out=res.reshape(group, mg, width))
-        _scatter(res, bias, has_bias, act, y3[start:start + n_img])
+        scatter(res, bias, has_bias, act, y3[start:start + n_img])
     return y
+
+
+@specializer(conv)
+def _conv_at(site: CallSite):
+    """Conv planned for its shapes: the plan, the bias (and the weights, when constant) made
+    ready once; a call checks its inputs and runs :func:`_run`."""
+    return _conv_site(site, 0)
+
+
+@specializer(fused_conv)
+def _fused_conv_at(site: CallSite):
+    """FusedConv planned for its shapes, as :func:`_conv_at` (the activation's code once)."""
+    act = ACT_CODES.get(site.attrs.get("activation", "Relu"))
+    return None if act is None else _conv_site(site, act)
+
+
+def _ready(value) -> bool:
+    """Whether a constant input can be handed to the kernels as it is."""
+    return isinstance(value, np.ndarray) and value.flags.c_contiguous
+
+
+def _conv_site(site: CallSite, act: int):
+    shapes, dtypes, values = site.shapes, site.dtypes, site.values
+    if len(shapes) < 2 or shapes[0] is None or shapes[1] is None:
+        return None
+    xshape, wshape = shapes[0], shapes[1]
+    bshape = shapes[2] if len(shapes) > 2 else None
+    dtype = dtypes[0]
+    if dtype not in _NO_BIAS or dtypes[1] != dtype or len(xshape) not in (3, 4) or \
+            len(wshape) != len(xshape) or (bshape is not None and dtypes[2] != dtype):
+        return None
+    attrs = site.attrs
+    kernel_shape, pads = attrs.get("kernel_shape"), attrs.get("pads")
+    strides, dilations = attrs.get("strides"), attrs.get("dilations")
+    auto_pad, group = attrs.get("auto_pad", "NOTSET"), attrs.get("group", 1)
+    if xshape[1] != wshape[1] * group or (kernel_shape and tuple(kernel_shape) != wshape[2:]):
+        return None
+    one_d = len(xshape) == 3
+    x4, w4 = xshape, wshape
+    if one_d:
+        x4 = (xshape[0], xshape[1], 1, xshape[2])
+        w4 = (wshape[0], wshape[1], 1, wshape[2])
+        kernel_shape, pads, strides, dilations = _attrs_2d(kernel_shape, pads, strides,
+                                                           dilations)
+    try:
+        plan = _plan(x4, w4, dtype.itemsize, _key(kernel_shape), _key(strides), _key(pads),
+                     _key(dilations), auto_pad, group)
+    except Exception:  # attributes the generic call refuses: it names the problem
+        return None
+    y4 = plan[1]
+    if (bshape is not None and bshape != (y4[1],)) or math.prod(y4) == 0:
+        return None
+    yshape = (y4[0], y4[1], y4[3]) if one_d else y4
+    # constant weights and bias (initializers, as usual) that are C-contiguous already: a
+    # call given these very arrays uses them as they are (views: an update in place shows)
+    w_const = values[1] if len(values) > 1 and _ready(values[1]) else _UNSET
+    w_ready = w_const.reshape(w4) if w_const is not _UNSET else None
+    b_const = values[2] if bshape is not None and _ready(values[2]) else _UNSET
+    b_ready = b_const if b_const is not _UNSET else _NO_BIAS[dtype]
+    has_bias = bshape is not None
+    generic = site.generic
+
+    def conv_at(X, W, B=None, out=None):
+        if X.shape != xshape or X.dtype != dtype or (B is None) == has_bias:
+            return generic(X, W, B, out=out)
+        if W is w_const:
+            W = w_ready
+        elif W.shape != wshape or W.dtype != dtype:
+            return generic(X, W, B, out=out)
+        else:
+            W = np.ascontiguousarray(W.reshape(w4) if one_d else W)
+        if B is b_const or B is None:
+            bias = b_ready
+        elif B.shape != bshape or B.dtype != dtype:
+            return generic(X, W, B, out=out)
+        else:
+            bias = np.ascontiguousarray(B)
+        sync_threads()
+        if one_d:  # as the 2-D convolution over a height of 1 (views)
+            X = np.ascontiguousarray(X.reshape(x4))
+            y = _run(X, W, bias, has_bias, act, group, plan,
+                     None if out is None else out.reshape(y4))
+            return out if out is not None else y.reshape(yshape)
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        return _run(X, W, bias, has_bias, act, group, plan, out)
+    return conv_at
 
 
 def _grad_setup(X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides):

@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from numba import prange
+from onemodel.tensors.ops.specialize import CallSite, specializer
 
 from . import _jit
 from ._jit import jit, sync_threads
@@ -93,13 +94,19 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, mom
     sync_threads()
     if not X.flags.c_contiguous:
         X = np.ascontiguousarray(X)
-    inv = 1.0 / np.sqrt(input_var.astype(np.float64) + epsilon)
-    mul = (scale * inv.astype(X.dtype)).astype(X.dtype)
-    add = (B - input_mean * mul).astype(X.dtype)
+    mul, add = _folded(scale, B, input_mean, input_var, epsilon, X.dtype)
     if out is None:
         out = np.empty_like(X)
     _affine_planes(_planes(X), mul, add, _planes(out))
     return out
+
+
+def _folded(scale, B, input_mean, input_var, epsilon, dtype):
+    """The statistics and affine parameters folded into one multiply and one add per channel."""
+    inv = 1.0 / np.sqrt(input_var.astype(np.float64) + epsilon)
+    mul = (scale * inv.astype(dtype)).astype(dtype)
+    add = (B - input_mean * mul).astype(dtype)
+    return mul, add
 
 
 _NO_STATS = np.empty(0)  # the statistics arrays of a call that keeps none (never written)
@@ -177,3 +184,197 @@ def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
     out = np.empty_like(X)
     _lrn(_planes(X), float(alpha), float(beta), float(bias), int(size), _planes(out))
     return out
+
+
+# plan-time specialization -------------------------------------------------------------------
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_UNSET = object()  # no constant input planned: no array is this
+
+
+def _const(site: CallSite, i: int):
+    """Input ``i``'s value when the plan knows it (a constant), else a marker no array is."""
+    v = site.values[i] if i < len(site.values) else None
+    return _UNSET if v is None else v
+
+
+def _rows(shape, axis):
+    """(rows, width, the normalized axes' shape, the statistics' shape) of normalizing
+    ``shape`` over ``axis`` and the axes after it."""
+    nd = len(shape)
+    a = axis + nd if axis < 0 else axis
+    return math.prod(shape[:a]), math.prod(shape[a:]), shape[a:], shape[:a] + (1,) * (nd - a)
+
+
+@specializer(batch_normalization)
+def _batch_normalization_at(site: CallSite):
+    """BatchNormalization (inference) planned for its shapes: with constant statistics and
+    parameters (an exported network's), their fold into one multiply and add made once."""
+    shape, dtype = site.shapes[0], site.dtypes[0]
+    if shape is None or len(shape) < 2 or dtype not in _FLOATS or 0 in shape or \
+            len(site.shapes) != 5 or any(s is None for s in site.shapes) or \
+            site.attrs.get("training_mode", 0):
+        return None
+    eps = site.attrs.get("epsilon", 1e-5)
+    params = tuple(_const(site, i) for i in range(1, 5))
+    folded = None
+    if all(p is not _UNSET for p in params):
+        try:
+            folded = _folded(*params, eps, dtype)
+        except Exception:
+            return None
+    pshapes = site.shapes[1:]
+    planes = (shape[0], shape[1], math.prod(shape[2:]))
+    generic = site.generic
+
+    def batch_normalization_at(X, scale, B, input_mean, input_var, out=None):
+        if X.shape != shape or X.dtype != dtype:
+            return generic(X, scale, B, input_mean, input_var, out=out)
+        if folded is not None and scale is params[0] and B is params[1] and \
+                input_mean is params[2] and input_var is params[3]:
+            mul, add = folded
+        elif (scale.shape, B.shape, input_mean.shape, input_var.shape) != pshapes:
+            return generic(X, scale, B, input_mean, input_var, out=out)
+        else:
+            mul, add = _folded(scale, B, input_mean, input_var, eps, dtype)
+        sync_threads()
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        if out is None:
+            out = np.empty(shape, dtype)
+        (_affine_planes if _jit._parallel else _affine_planes.serial)(
+            X.reshape(planes), mul, add, out.reshape(planes))
+        return out
+    return batch_normalization_at
+
+
+def _norm_param(site: CallSite, i: int, tail, width, dtype):
+    """Scale or B of a layer (RMS) normalization: (its planned shape, the constant array or the
+    marker, that constant as the kernel's contiguous row). Shape None: the input is omitted."""
+    shape = site.shapes[i] if i < len(site.shapes) else None
+    const = _const(site, i)
+    if shape is None or const is _UNSET:
+        return shape, _UNSET, None
+    row = _param(const, tail, width, dtype)
+    if row is not const:  # a copy: made per call, so an update of the constant in place shows
+        return shape, _UNSET, None
+    return shape, const, row
+
+
+@specializer(layer_normalization)
+def _layer_normalization_at(site: CallSite):
+    """LayerNormalization planned for its shapes: the rows' geometry, and the constant Scale
+    and B as contiguous rows, made once. The mean and inverse standard deviation are still
+    computed and returned, as by the generic call."""
+    shape, dtype = site.shapes[0], site.dtypes[0]
+    if shape is None or not shape or 0 in shape or dtype not in _FLOATS or \
+            len(site.shapes) < 2 or site.shapes[1] is None:
+        return None
+    axis = site.attrs.get("axis", -1)
+    if not -len(shape) <= axis < len(shape):
+        return None
+    stash = np.dtype(np.float32 if site.attrs.get("stash_type", 1) == 1 else dtype)
+    eps = float(site.attrs.get("epsilon", 1e-5))
+    rows, width, tail, stats = _rows(shape, axis)
+    try:
+        s_shape, s_const, s_row = _norm_param(site, 1, tail, width, dtype)
+        b_shape, b_const, b_row = _norm_param(site, 2, tail, width, dtype)
+    except Exception:  # a Scale or B that does not broadcast: the generic call says so
+        return None
+    has_bias = b_shape is not None
+    flat = (rows, width)
+    generic = site.generic
+
+    def layer_normalization_at(X, Scale, B=None):
+        if X.shape != shape or X.dtype != dtype or (B is None) == has_bias:
+            return generic(X, Scale, B)
+        if Scale is s_const:
+            scale = s_row
+        elif Scale.shape != s_shape:
+            return generic(X, Scale, B)
+        else:
+            scale = _param(Scale, tail, width, dtype)
+        if B is None:
+            bias = scale
+        elif B is b_const:
+            bias = b_row
+        elif B.shape != b_shape:
+            return generic(X, Scale, B)
+        else:
+            bias = _param(B, tail, width, dtype)
+        sync_threads()
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        out = np.empty(shape, dtype)
+        mean = np.empty(stats, stash)
+        inv = np.empty(stats, stash)
+        (_layer_norm if _jit._parallel else _layer_norm.serial)(
+            X.reshape(flat), scale, bias, has_bias, eps, False, out.reshape(flat), True,
+            mean.reshape(rows), inv.reshape(rows))
+        return out, mean, inv
+    return layer_normalization_at
+
+
+@specializer(rms_normalization)
+def _rms_normalization_at(site: CallSite):
+    """RMSNormalization planned for its shapes: the rows' geometry and the constant scale as
+    a contiguous row made once."""
+    shape, dtype = site.shapes[0], site.dtypes[0]
+    if shape is None or not shape or 0 in shape or dtype not in _FLOATS or \
+            len(site.shapes) < 2 or site.shapes[1] is None:
+        return None
+    axis = site.attrs.get("axis", -1)
+    if not -len(shape) <= axis < len(shape):
+        return None
+    eps = float(site.attrs.get("epsilon", 1e-5))
+    rows, width, tail, _ = _rows(shape, axis)
+    try:
+        s_shape, s_const, s_row = _norm_param(site, 1, tail, width, dtype)
+    except Exception:
+        return None
+    flat = (rows, width)
+    generic = site.generic
+
+    def rms_normalization_at(X, scale, out=None):
+        if X.shape != shape or X.dtype != dtype:
+            return generic(X, scale, out=out)
+        if scale is s_const:
+            sc = s_row
+        elif scale.shape != s_shape:
+            return generic(X, scale, out=out)
+        else:
+            sc = _param(scale, tail, width, dtype)
+        sync_threads()
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        if out is None:
+            out = np.empty(shape, dtype)
+        (_layer_norm if _jit._parallel else _layer_norm.serial)(
+            X.reshape(flat), sc, sc, False, eps, True, out.reshape(flat), False, _NO_STATS,
+            _NO_STATS)
+        return out
+    return rms_normalization_at
+
+
+@specializer(lrn)
+def _lrn_at(site: CallSite):
+    """LRN planned for its shape: the planes' geometry and the attributes as floats once."""
+    shape, dtype = site.shapes[0], site.dtypes[0]
+    if shape is None or len(shape) < 3 or 0 in shape or dtype not in _FLOATS:
+        return None
+    a = site.attrs
+    args = (float(a.get("alpha", 1e-4)), float(a.get("beta", 0.75)), float(a.get("bias", 1.0)),
+            int(a.get("size", 1)))
+    planes = (shape[0], shape[1], math.prod(shape[2:]))
+    generic = site.generic
+
+    def lrn_at(X):
+        if X.shape != shape or X.dtype != dtype:
+            return generic(X)
+        sync_threads()
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        out = np.empty(shape, dtype)
+        (_lrn if _jit._parallel else _lrn.serial)(X.reshape(planes), *args, out.reshape(planes))
+        return out
+    return lrn_at

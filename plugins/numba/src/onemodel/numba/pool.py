@@ -5,6 +5,7 @@ loops never test for padding; parallel over the N*C planes."""
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -12,7 +13,9 @@ import numpy as np
 from numba import prange
 from onemodel.tensors import OneModelError
 from onemodel.tensors.ops.nn import _geometry
+from onemodel.tensors.ops.specialize import CallSite, specializer
 
+from . import _jit
 from ._jit import jit, sync_threads
 
 U = np.uint64
@@ -208,16 +211,21 @@ def _out(out, shape, dtype):
     return out
 
 
+def _tiles_2x2(kernel_shape, strides, sw, d, hy, wq) -> bool:
+    """Whether a MaxPool is 2x2, stride 2, with its first and last windows inside the image
+    (then so are all the others): :func:`_max_pool_2x2`'s case."""
+    return _tuple(kernel_shape) == (2, 2) and (sw, d) == (2, (1, 1)) and \
+        hy[0][0] == 0 and hy[2][-1] == 2 and wq[0][0] == 0 and wq[2][-1] == 2 and \
+        _tuple(strides)[0] == 2
+
+
 def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(), pads=None,
              storage_order=0, strides=None, out=None):
     """MaxPool; ``out``: the planned output buffer to fill and return (see the hookspec)."""
     sync_threads()
     X, out, (h, w, oh, ow), (sw, pl), d, hy, wq, taps = _setup(
         X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, out=out)
-    if out.size and _tuple(kernel_shape) == (2, 2) and (sw, d) == (2, (1, 1)) and \
-            hy[0][0] == 0 and hy[2][-1] == 2 and wq[0][0] == 0 and wq[2][-1] == 2 and \
-            _tuple(strides)[0] == 2:
-        # 2x2/2 whose first and last windows lie inside the image: so do all the others
+    if out.size and _tiles_2x2(kernel_shape, strides, sw, d, hy, wq):
         _max_pool_2x2(X.reshape(-1), out.reshape(-1), h, w, oh, ow)
     elif out.size:
         _max_pool(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl,
@@ -412,3 +420,114 @@ def global_average_pool(X, *, out=None):
     if out.size:
         _global_avg(X.reshape(n * c, length), out.reshape(n * c))
     return out
+
+
+# plan-time specialization -------------------------------------------------------------------
+
+def _planned(site: CallSite, include_pad=0):
+    """What a pooling call site's calls share: (shape, dtype, output shape, flat size, the
+    plan's tables), or None where the generic call must run (other dtypes or ranks, refused
+    attributes, empty outputs)."""
+    shape, dtype = site.shapes[0], site.dtypes[0]
+    if shape is None or len(shape) != 4 or dtype not in (np.float32, np.float64):
+        return None
+    a = site.attrs
+    try:
+        plan = _plan(shape, dtype, _tuple(a.get("kernel_shape", ())), _tuple(a.get("strides")),
+                     _tuple(a.get("pads")), _tuple(a.get("dilations")),
+                     a.get("auto_pad", "NOTSET"), int(a.get("ceil_mode", 0)), int(include_pad))
+    except Exception:  # attributes the generic call refuses: it names the problem
+        return None
+    oshape = (*shape[:2], plan[0][2], plan[0][3])
+    if 0 in oshape or 0 in shape:
+        return None
+    return shape, np.dtype(dtype), oshape, plan
+
+
+def _fits(out, oshape, dtype) -> bool:
+    """Whether ``out`` is what the out= contract promises (else the generic call says so)."""
+    return out.shape == oshape and out.dtype == dtype and out.flags.c_contiguous
+
+
+@specializer(max_pool)
+def _max_pool_at(site: CallSite):
+    """MaxPool planned for its shapes: the window tables and the kernel's choice made once."""
+    planned = _planned(site)
+    if planned is None:
+        return None
+    shape, dtype, oshape, ((h, w, oh, ow), (sw, pl), d, hy, wq, taps) = planned
+    a, generic = site.attrs, site.generic
+    try:
+        two = _tiles_2x2(a.get("kernel_shape", ()), a.get("strides"), sw, d, hy, wq)
+    except Exception:
+        return None
+    if two:
+        kernel, tail = _max_pool_2x2, (h, w, oh, ow)
+    else:
+        kernel, tail = _max_pool, (h, w, oh, ow, d[0], d[1], sw, pl, hy[0], hy[1], hy[2],
+                                   taps[0], taps[1], dtype.type(-np.inf))
+
+    def max_pool_at(X, out=None):
+        if X.shape != shape or X.dtype != dtype or (out is not None
+                                                    and not _fits(out, oshape, dtype)):
+            return generic(X, out=out)
+        sync_threads()
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        if out is None:
+            out = np.empty(oshape, dtype)
+        (kernel if _jit._parallel else kernel.serial)(X.reshape(-1), out.reshape(-1), *tail)
+        return out
+    return max_pool_at
+
+
+@specializer(average_pool)
+def _average_pool_at(site: CallSite):
+    """AveragePool planned for its shapes: the window tables and counts made once."""
+    planned = _planned(site, site.attrs.get("count_include_pad", 0))
+    if planned is None:
+        return None
+    shape, dtype, oshape, ((h, w, oh, ow), (sw, pl), d, hy, wq, taps) = planned
+    tail = (h, w, oh, ow, d[0], d[1], sw, pl, hy[0], hy[1], hy[2], taps[0], taps[1], hy[3],
+            wq[3], dtype.type(0))
+    generic = site.generic
+
+    def average_pool_at(X, out=None):
+        if X.shape != shape or X.dtype != dtype or (out is not None
+                                                    and not _fits(out, oshape, dtype)):
+            return generic(X, out=out)
+        sync_threads()
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        if out is None:
+            out = np.empty(oshape, dtype)
+        (_avg_pool if _jit._parallel else _avg_pool.serial)(X.reshape(-1), out.reshape(-1), *tail)
+        return out
+    return average_pool_at
+
+
+@specializer(global_average_pool)
+def _global_average_pool_at(site: CallSite):
+    """GlobalAveragePool planned for its shape: the planes' geometry worked out once."""
+    shape, dtype = site.shapes[0], site.dtypes[0]
+    if shape is None or len(shape) < 3 or dtype not in (np.float32, np.float64) or 0 in shape:
+        return None
+    dtype = np.dtype(dtype)
+    n, c = shape[:2]
+    planes = (n * c, math.prod(shape[2:]))
+    oshape = (n, c) + (1,) * (len(shape) - 2)
+    generic = site.generic
+
+    def global_average_pool_at(X, out=None):
+        if X.shape != shape or X.dtype != dtype or (out is not None
+                                                    and not _fits(out, oshape, dtype)):
+            return generic(X, out=out)
+        sync_threads()
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        if out is None:
+            out = np.empty(oshape, dtype)
+        (_global_avg if _jit._parallel else _global_avg.serial)(X.reshape(planes),
+                                                                out.reshape(planes[0]))
+        return out
+    return global_average_pool_at

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from numba import prange
+from onemodel.tensors.ops.specialize import CallSite, specializer
 
 from . import _jit
 from ._jit import jit, sync_threads
@@ -209,3 +210,46 @@ def log_softmax(input, *, axis=-1, out=None):
     """ONNX LogSoftmax (opset 13 semantics: over one axis) for float32/float64, into ``out``
     when given."""
     return _run(input, axis, True, out)
+
+
+def _rows_at(site: CallSite, log: bool):
+    """Softmax (LogSoftmax) planned for its shape, over the last axis or one followed only
+    by size-1 axes (the same rows in memory): a call checks its input and runs the row kernel
+    straight into the output. Other axes keep the generic call (its copies dominate)."""
+    shape, dtype = site.shapes[0], site.dtypes[0]
+    if shape is None or not shape or 0 in shape or dtype not in (np.float32, np.float64):
+        return None
+    nd = len(shape)
+    axis = site.attrs.get("axis", -1)
+    if not -nd <= axis < nd or any(d != 1 for d in shape[axis % nd + 1:]):
+        return None
+    width = shape[axis % nd]
+    flat = (math.prod(shape) // width, width)
+    dtype = np.dtype(dtype)
+    kernel = _softmax_f32 if dtype == np.float32 else _softmax_f64
+    generic = site.generic
+
+    def softmax_at(input, out=None):
+        if input.shape != shape or input.dtype != dtype:
+            return generic(input, out=out)
+        sync_threads()
+        if not input.flags.c_contiguous:
+            input = np.ascontiguousarray(input)
+        if out is None:
+            out = np.empty(shape, dtype)
+        (kernel if _jit._parallel else kernel.serial)(input.reshape(flat), out.reshape(flat),
+                                                      log)
+        return out
+    return softmax_at
+
+
+@specializer(softmax)
+def _softmax_at(site: CallSite):
+    """Softmax planned for its shape (see :func:`_rows_at`)."""
+    return _rows_at(site, False)
+
+
+@specializer(log_softmax)
+def _log_softmax_at(site: CallSite):
+    """LogSoftmax planned for its shape (see :func:`_rows_at`)."""
+    return _rows_at(site, True)

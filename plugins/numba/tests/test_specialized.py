@@ -1,0 +1,269 @@
+"""The numba kernels' plan-time specializers (onemodel.tensors.ops.specialize): each specialized
+call gives what the generic call gives, bit for bit (strided inputs, float32 and float64, with
+and without ``out=``), and takes the generic path for inputs of other shapes or dtypes than
+planned. A session over a small network uses them and agrees with onnxruntime."""
+
+from __future__ import annotations
+
+import inspect
+from functools import partial
+
+import numpy as np
+import pytest
+
+from onemodel.numba import conv, fused, norm, pool, softmax
+from onemodel.tensors.ops.specialize import CallSite, specialize
+
+RNG = np.random.default_rng(7)
+
+
+def _x(*shape):
+    return RNG.standard_normal(shape)
+
+
+# (kernel, inputs (float64 arrays; cast per dtype), attributes, indices of constant inputs,
+#  whether the kernel writes out=)
+CASES = [
+    (conv.conv, [_x(8, 3, 16, 16), _x(8, 3, 3, 3), _x(8)], dict(pads=(1, 1, 1, 1)), (1, 2), True),
+    (conv.conv, [_x(8, 8, 8, 8), _x(16, 8, 3, 3)], dict(strides=(2, 2)), (1,), True),
+    (conv.conv, [_x(4, 3, 6, 6), _x(5, 3, 3, 3), _x(5)], {}, (), True),  # one GEMM, inputs
+    (conv.conv, [_x(2, 4, 5, 5), _x(6, 4, 1, 1), _x(6)], {}, (1, 2), True),  # 1x1: direct
+    (conv.conv, [_x(2, 4, 6, 6), _x(6, 2, 3, 3), _x(6)], dict(group=2, pads=(1, 0, 1, 0)),
+     (1, 2), True),
+    (conv.conv, [_x(2, 16, 6, 6), _x(16, 1, 3, 3), _x(16)], dict(group=16, pads=(1, 1, 1, 1)),
+     (1, 2), True),  # depthwise, channels-last
+    (conv.conv, [_x(1, 4, 9, 9), _x(4, 1, 3, 3)], dict(group=4, strides=(2, 2)), (1,), True),
+    (conv.conv, [_x(1, 4, 20, 20), _x(8, 1, 5, 5)], dict(group=4, dilations=(2, 1)), (1,), True),
+    (conv.conv, [_x(2, 3, 10), _x(4, 3, 3), _x(4)], dict(pads=(1, 1)), (1, 2), True),  # 1-D
+    (conv.conv, [_x(2, 3, 11), _x(4, 3, 3)], dict(strides=(2,), auto_pad="SAME_UPPER"), (1,),
+     True),
+    (conv.fused_conv, [_x(2, 3, 7, 7), _x(4, 3, 3, 3), _x(4)], dict(activation="Relu"), (1, 2),
+     True),
+    (conv.fused_conv, [_x(2, 3, 7, 7), _x(4, 3, 3, 3), _x(4)], dict(activation="Sigmoid"),
+     (1, 2), True),
+    (conv.fused_conv, [_x(1, 8, 5, 5), _x(8, 1, 3, 3), _x(8)],
+     dict(activation="Tanh", group=8, pads=(1, 1, 1, 1)), (1, 2), True),
+    (conv.fused_conv, [_x(3, 4, 4, 4), _x(4, 4, 1, 1)], {}, (1,), True),
+    (pool.max_pool, [_x(8, 8, 16, 16)], dict(kernel_shape=(2, 2), strides=(2, 2)), (), True),
+    (pool.max_pool, [_x(2, 3, 9, 9)], dict(kernel_shape=(3, 3), strides=(2, 2),
+                                           pads=(1, 1, 1, 1)), (), True),
+    (pool.max_pool, [_x(2, 3, 8, 7)], dict(kernel_shape=(2, 3), ceil_mode=1, strides=(2, 2),
+                                           dilations=(1, 2)), (), True),
+    (pool.max_pool, [_x(2, 3, 7, 7)], dict(kernel_shape=(2, 2), strides=(2, 2)), (), True),
+    (pool.average_pool, [_x(8, 16, 4, 4)], dict(kernel_shape=(2, 2), strides=(2, 2)), (), True),
+    (pool.average_pool, [_x(2, 3, 7, 6)], dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), (),
+     True),
+    (pool.average_pool, [_x(2, 3, 7, 6)], dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1),
+                                               count_include_pad=1, strides=(2, 1)), (), True),
+    (pool.global_average_pool, [_x(2, 3, 4, 5)], {}, (), True),
+    (pool.global_average_pool, [_x(2, 5, 7)], {}, (), True),
+    (norm.batch_normalization, [_x(2, 3, 4, 4), _x(3), _x(3), _x(3), np.abs(_x(3)) + 0.5],
+     dict(epsilon=1e-3), (1, 2, 3, 4), True),
+    (norm.batch_normalization, [_x(2, 3, 5), _x(3), _x(3), _x(3), np.abs(_x(3)) + 0.5], {}, (),
+     True),
+    (norm.layer_normalization, [_x(2, 5, 32), _x(32), _x(32)], {}, (1, 2), False),
+    (norm.layer_normalization, [_x(2, 5, 32), _x(32)], {}, (1,), False),
+    (norm.layer_normalization, [_x(3, 4, 6), _x(4, 6), _x(6)], dict(axis=1, epsilon=1e-3),
+     (), False),
+    (norm.layer_normalization, [_x(3, 7), _x(7), _x(7)], dict(stash_type=0), (1,), False),
+    (norm.rms_normalization, [_x(2, 5, 32), _x(32)], {}, (1,), True),
+    (norm.rms_normalization, [_x(3, 4, 6), _x(4, 6)], dict(axis=-2), (), True),
+    (norm.lrn, [_x(2, 5, 4, 4)], dict(size=3, alpha=1e-3), (), False),
+    (softmax.softmax, [_x(2, 2, 5, 5)], {}, (), True),
+    (softmax.softmax, [_x(3, 70)], dict(axis=1), (), True),
+    (softmax.softmax, [_x(2, 7, 1, 1)], dict(axis=1), (), True),  # trailing size-1 axes
+    (softmax.log_softmax, [_x(2, 2, 5, 5)], {}, (), True),
+    (softmax.log_softmax, [_x(4, 33)], dict(axis=-1), (), True),
+    (fused.fused_elementwise, [_x(2, 6, 5, 7), _x(1, 6, 1, 1)],
+     dict(program=("Add x0 x1", "Relu t0")), (1,), True),
+    (fused.fused_elementwise, [_x(4, 9), _x(9), _x(4, 1)],
+     dict(program=("Mul x0 x1", "Add t0 x2", "Clip t1 -0.5 nan", "Sigmoid t2")), (), True),
+    (fused.fused_elementwise, [_x(3, 29)], dict(program=("HardSwish x0",)), (), True),
+    (fused.fused_elementwise, [_x(2, 3, 4), _x(2, 3, 4)],
+     dict(program=("Sub x0 x1", "Abs t0", "Sqrt t1", "Tanh t2")), (), True),
+    (fused.fused_elementwise, [_x(5, 1, 8), _x(1, 3, 1)],
+     dict(program=("Mul x0 x1", "Erf t0")), (), True),
+]
+DTYPES = (np.float32, np.float64)
+
+
+def _ids():
+    return [f"{c[0].__name__}-{i}" for i, c in enumerate(CASES)]
+
+
+def _site(kernel, inputs, attrs, consts):
+    """The call site the planner describes for ``inputs`` (those at ``consts`` constant)."""
+    generic = partial(kernel, **attrs)
+    got = generic(*inputs)
+    outs = got if isinstance(got, tuple) else (got,)
+    return CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
+                    tuple(a if i in consts else None for i, a in enumerate(inputs)),
+                    dict(attrs), tuple(o.shape for o in outs), generic)
+
+
+def _same(got, want):
+    """Bit for bit: shape, dtype and bytes (NaN payloads and signed zeros included)."""
+    got_all = got if isinstance(got, tuple) else (got,)
+    want_all = want if isinstance(want, tuple) else (want,)
+    assert len(got_all) == len(want_all)
+    for g, w in zip(got_all, want_all):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert np.ascontiguousarray(g).tobytes() == np.ascontiguousarray(w).tobytes()
+
+
+def _strided(a):
+    """The same values as a non-contiguous view (every other element of a larger array)."""
+    big = np.empty(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
+    big[..., ::2] = a
+    big[..., 1::2] = np.nan
+    return big[..., ::2]
+
+
+def _cast(inputs, dtype):
+    return [a.astype(dtype) for a in inputs]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel,inputs,attrs,consts,writes_out", CASES, ids=_ids())
+def test_specialized_equals_generic(kernel, inputs, attrs, consts, writes_out, dtype):
+    inputs = _cast(inputs, dtype)
+    if kernel in (softmax.softmax, softmax.log_softmax):
+        inputs[0][0, 0] = 40.0  # a large entry: the exponentials' range reduction matters
+    site = _site(kernel, inputs, attrs, consts)
+    call = specialize(kernel, site)
+    assert call is not None, "declined"
+    generic = site.generic
+    for _ in range(2):  # a second call: nothing planned is consumed by the first
+        _same(call(*inputs), generic(*inputs))
+    # inputs of the planned shapes but strided, and non-constant copies of the constants
+    others = [_strided(a) if a.ndim else a.copy() for a in inputs]
+    _same(call(*others), generic(*inputs))
+    if writes_out:
+        want = generic(*inputs)
+        out = np.full(want.shape, np.nan, want.dtype)
+        assert call(*inputs, out=out) is out
+        _same(out, want)
+        out2 = np.full(want.shape, np.nan, want.dtype)
+        assert call(*others, out=out2) is out2
+        _same(out2, want)
+
+
+def _grown(a):
+    return np.concatenate([a, a[:1]])
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts,writes_out", CASES, ids=_ids())
+def test_other_shapes_and_dtypes_take_the_generic_path(kernel, inputs, attrs, consts,
+                                                       writes_out):
+    inputs = _cast(inputs, np.float32)
+    site = _site(kernel, inputs, attrs, consts)
+    call = specialize(kernel, site)
+    generic = site.generic
+    variants = [
+        [_grown(inputs[0]), *inputs[1:]],  # a larger batch
+        [inputs[0].astype(np.float64), *inputs[1:]],  # another dtype
+        _cast(inputs, np.float64),  # another dtype throughout
+    ]
+    if len(inputs) > 1 and inputs[1].ndim:
+        variants.append([inputs[0], inputs[1][..., :1], *inputs[2:]])  # another 2nd shape
+    if kernel in (conv.conv, conv.fused_conv):
+        variants.append(inputs[:2] + [None] * (len(inputs) == 3))  # the bias left out
+        if len(inputs) == 2:
+            variants.append([*inputs, np.zeros(inputs[1].shape[0], np.float32)])  # one added
+    if kernel is norm.layer_normalization:
+        variants.append([*inputs[:2], np.zeros(inputs[1].shape, np.float32)] if len(inputs) == 2
+                        else inputs[:2])
+    for args in variants:
+        try:
+            want = generic(*args)
+        except Exception as exc:  # the generic call refuses: so does the specialized one
+            with pytest.raises(type(exc)):
+                call(*args)
+            continue
+        _same(call(*args), want)
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts,writes_out", CASES[:3], ids=_ids()[:3])
+def test_thread_setting_changes_between_calls(kernel, inputs, attrs, consts, writes_out,
+                                              parallel_variants):
+    """A specialized call made with one thread runs the parallel variants when the setting
+    says so later, with the generic call's result."""
+    inputs = _cast(inputs, np.float32)
+    site = _site(kernel, inputs, attrs, consts)
+    call = specialize(kernel, site)
+    _same(call(*inputs), site.generic(*inputs))
+
+
+def test_declined_sites():
+    """Sites the generic call must handle: other dtypes, empty outputs, a Softmax over an
+    axis followed by longer axes, attributes the kernel refuses."""
+    x = _x(2, 3, 4, 4).astype(np.float32)
+    w = _x(4, 3, 3, 3).astype(np.float32)
+    assert specialize(conv.conv, _site(conv.conv, [x, w.astype(np.float64)], {}, ())) is None
+    assert specialize(conv.fused_conv, CallSite(
+        (x.shape, w.shape), (x.dtype, w.dtype), (None, None), {"activation": "Elu"}, ((2, 4, 2, 2),),
+        None)) is None
+    assert specialize(softmax.softmax, _site(softmax.softmax, [x], {"axis": 1}, ())) is None
+    empty = np.zeros((0, 3, 4, 4), np.float32)
+    assert specialize(pool.max_pool, CallSite((empty.shape,), (empty.dtype,), (None,),
+                                              {"kernel_shape": (2, 2)}, ((0, 3, 3, 3),),
+                                              None)) is None
+    assert specialize(pool.average_pool, CallSite(
+        (x.shape,), (x.dtype,), (None,), {"kernel_shape": (9, 9)}, ((2, 3, -4, -4),),
+        None)) is None
+
+
+def _model(path):
+    """Conv+Relu, MaxPool, AveragePool, GlobalAveragePool, Flatten, LayerNormalization and
+    Softmax, as an ONNX file."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = {"W": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+             "B": rng.standard_normal(8).astype(np.float32),
+             "S": rng.standard_normal(8).astype(np.float32),
+             "T": rng.standard_normal(8).astype(np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("AveragePool", ["m"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Softmax", ["a"], ["s1"], axis=-1),
+        helper.make_node("GlobalAveragePool", ["s1"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("LayerNormalization", ["f", "S", "T"], ["l"], epsilon=1e-5),
+        helper.make_node("Softmax", ["l"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8]),
+         helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 8, 8, 8])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, path)
+
+
+def test_session_uses_the_specialized_calls_and_matches_onnxruntime(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    from onemodel.runtime import Session
+
+    path = str(tmp_path / "small.onnx")
+    _model(path)
+    x = np.random.default_rng(4).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    want_y, want_a = ref.run(["y", "a"], {"x": x})
+    session = Session.load(path)
+    for _ in range(3):  # the first run, then runs with planned buffers
+        got = session.run({"x": x})
+        np.testing.assert_allclose(got["y"].numpy(), want_y, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got["a"].numpy(), want_a, rtol=1e-5, atol=1e-6)
+    steps = next(iter(session._plans.values())).steps
+    calls = {s.op: s.call for s in steps}
+    for op in ("FusedConv", "MaxPool", "AveragePool", "GlobalAveragePool",
+               "LayerNormalization", "Softmax"):
+        assert op in calls, sorted(calls)
+        call = calls[op]
+        if call.__qualname__.startswith("fresh_out."):  # a graph output's new-buffer wrapper
+            call = inspect.getclosurevars(call).nonlocals["call"]
+        assert "_at" in call.__qualname__, (op, call.__qualname__)
