@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from onemodel.numba import conv, fused, norm, pool, softmax
+from onemodel.tensors import OneModelError
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
 RNG = np.random.default_rng(7)
@@ -50,6 +51,8 @@ CASES = [
     (pool.max_pool, [_x(2, 3, 8, 7)], dict(kernel_shape=(2, 3), ceil_mode=1, strides=(2, 2),
                                            dilations=(1, 2)), (), True),
     (pool.max_pool, [_x(2, 3, 7, 7)], dict(kernel_shape=(2, 2), strides=(2, 2)), (), True),
+    (pool.max_pool, [_x(1, 2, 7, 8)], dict(kernel_shape=(3, 3), strides=(2, 2),
+                                           auto_pad="SAME_UPPER"), (), True),
     (pool.average_pool, [_x(8, 16, 4, 4)], dict(kernel_shape=(2, 2), strides=(2, 2)), (), True),
     (pool.average_pool, [_x(2, 3, 7, 6)], dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), (),
      True),
@@ -183,7 +186,7 @@ def test_other_shapes_and_dtypes_take_the_generic_path(kernel, inputs, attrs, co
         _same(call(*args), want)
 
 
-@pytest.mark.parametrize("kernel,inputs,attrs,consts,writes_out", CASES[:3], ids=_ids()[:3])
+@pytest.mark.parametrize("kernel,inputs,attrs,consts,writes_out", CASES, ids=_ids())
 def test_thread_setting_changes_between_calls(kernel, inputs, attrs, consts, writes_out,
                                               parallel_variants):
     """A specialized call made with one thread runs the parallel variants when the setting
@@ -267,3 +270,12 @@ def test_session_uses_the_specialized_calls_and_matches_onnxruntime(tmp_path):
         if call.__qualname__.startswith("fresh_out."):  # a graph output's new-buffer wrapper
             call = inspect.getclosurevars(call).nonlocals["call"]
         assert "_at" in call.__qualname__, (op, call.__qualname__)
+
+
+@pytest.mark.parametrize("kernel", [pool.max_pool, pool.average_pool, pool.global_average_pool])
+def test_pool_out_of_another_shape_is_refused_as_by_the_generic_call(kernel):
+    x = _x(2, 3, 4, 4).astype(np.float32)
+    attrs = {} if kernel is pool.global_average_pool else {"kernel_shape": (2, 2)}
+    call = specialize(kernel, _site(kernel, [x], attrs, ()))
+    with pytest.raises(OneModelError, match="out= must be"):
+        call(x, out=np.empty((2, 3, 5, 5), np.float32))
