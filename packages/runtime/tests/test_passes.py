@@ -18,6 +18,7 @@ from onemodel.runtime.passes import (
     IdentityElimination,
     MatMulAddToGemm,
     PassManager,
+    RMSNormFusion,
 )
 from onemodel.tensors import DType
 
@@ -132,7 +133,8 @@ def test_passes_come_from_the_registry_and_declare_their_changes(isolated_regist
 
     passes = default_passes()
     assert [p.name for p in passes] == ["identity", "constant-folding", "cse", "batchnorm-folding",
-                                        "matmul-add-to-gemm", "activation-fusion",
+                                        "matmul-add-to-gemm", "rms-norm-fusion",
+                                        "activation-fusion",
                                         "gemm-weight-layout", "dead-code"]
     assert all(p.changes for p in passes)
 
@@ -416,3 +418,51 @@ def test_gemm_weights_read_transposed_are_stored_transposed_once():
     assert gemms[0].inputs[1] == gemms[1].inputs[1] and "w" not in g.initializers
     np.testing.assert_array_equal(g.initializers[gemms[0].inputs[1]],
                                   b.build().initializers["w"].T)
+
+
+def _rms_graph(square="Pow", reciprocal="Div1", weight_first=True, axes=(-1,), shared=False,
+               weight_const=True):
+    """RMS normalization written out as exporters write it (LLaMA's, Mistral's, T5's)."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("rms")
+    x = b.input("x", DType.F32, ("batch", "seq", 16))
+    sq = b.op("Pow", x, b.const(np.float32(2.0))) if square == "Pow" else b.op("Mul", x, x)
+    mean = b.op("ReduceMean", sq, b.const(list(axes), "I64"), keepdims=1)
+    root = b.op("Sqrt", b.op("Add", mean, b.const(np.float32(1e-6))))
+    if reciprocal == "Div1":
+        normed = b.op("Mul", x, b.op("Div", b.const(np.float32(1.0)), root))
+    elif reciprocal == "Reciprocal":
+        normed = b.op("Mul", b.op("Reciprocal", root), x)
+    else:  # x / sqrt(...)
+        normed = b.op("Div", x, root)
+    w = b.initializer("norm.weight", f32(rng, 16)) if weight_const else b.input(
+        "w", DType.F32, (16,))
+    b.output(b.op("Mul", w, normed) if weight_first else b.op("Mul", normed, w), "y")
+    if shared:
+        b.output(mean, "mean")
+    return b.build()
+
+
+@pytest.mark.parametrize("square,reciprocal,weight_first", [
+    ("Pow", "Div1", True), ("Mul", "Reciprocal", False), ("Pow", "DivX", False)])
+def test_rms_norm_written_out_becomes_one_node(square, reciprocal, weight_first):
+    import torch
+
+    graph = _rms_graph(square, reciprocal, weight_first)
+    optimized, counts = _check(graph, [RMSNormFusion()])
+    assert counts["rms-norm-fusion"] == 1
+    assert [n.op for n in optimized.nodes if n.op != "Identity"] == ["RMSNormalization"]
+    x = np.random.default_rng(1).standard_normal((2, 3, 16)).astype(np.float32)
+    got = Session(graph).run({"x": x})["y"].numpy()  # the default passes, numba if installed
+    w = torch.from_numpy(np.array(graph.initializers["norm.weight"]))
+    want = torch.nn.functional.rms_norm(torch.from_numpy(x), (16,), w, eps=1e-6).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [{"axes": (1,)}, {"shared": True}, {"weight_const": False}])
+def test_rms_norm_lookalikes_are_left_alone(kwargs):
+    graph = _rms_graph(**kwargs)
+    optimized = graph.copy()
+    counts = PassManager([RMSNormFusion()]).run(optimized)
+    assert counts["rms-norm-fusion"] == 0
+    assert "RMSNormalization" not in {n.op for n in optimized.nodes}

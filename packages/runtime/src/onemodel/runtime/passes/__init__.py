@@ -4,9 +4,14 @@ plugin's; ``default_passes()`` lists what the registry holds, in order."""
 from .base import Pass, PassManager
 from .cleanup import CommonSubexpressionElimination, DeadCodeElimination, IdentityElimination
 from .folding import ConstantFolding
-from .rewrites import ActivationFusion, BatchNormFolding, GemmWeightLayout, MatMulAddToGemm
+from .rewrites import (
+    ActivationFusion,
+    BatchNormFolding,
+    GemmWeightLayout,
+    MatMulAddToGemm,
+    RMSNormFusion,
+)
 
 __all__ = ["ActivationFusion", "BatchNormFolding", "CommonSubexpressionElimination",
            "ConstantFolding", "DeadCodeElimination", "GemmWeightLayout", "IdentityElimination",
-           "MatMulAddToGemm",
-           "Pass", "PassManager"]
+           "MatMulAddToGemm", "Pass", "PassManager", "RMSNormFusion"]
