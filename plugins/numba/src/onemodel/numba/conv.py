@@ -586,8 +586,7 @@ def _run(X, W, bias, has_bias, act, group, plan, out):
     if y.size == 0:
         return y
     if path == _DW_NHWC:  # bias and activation applied in the same pass
-        _pick(_depthwise_nhwc)(X, W, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias, act,
-                               y)
+        _pick(_depthwise_nhwc)(X, W, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias, act, y)
         return y
     if path <= _DW:
         kernel = _depthwise_table if path == _DW_TABLE else _depthwise
@@ -763,7 +762,7 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
     # large stride-1 planes: the columns' GEMM measured as fast or faster for dW
     if _depthwise_grad(X, group, oh, ow, k) and (oh * ow <= 256 or s != (1, 1)):
         dw = np.empty(W.shape, X.dtype)
-        _depthwise_weight_grad(X, dY, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], dw)
+        _pick(_depthwise_weight_grad)(X, dY, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], dw)
         return dw
     length = oh * ow
     rows = X.shape[1] * k[0] * k[1]
@@ -775,8 +774,8 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
         for start in range(0, n, chunk):
             n_img = min(chunk, n - start)
             cols = cols_all[:rows * n_img * length].reshape(n_img, rows, length)
-            _im2col(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1],
-                    oh, ow, cols, True)
+            _pick(_im2col)(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
+                           d[1], oh, ow, cols, True)
             dw += np.matmul(dy4[start:start + n_img], cols.reshape(
                 n_img, group, rows // group, length).transpose(0, 1, 3, 2)).sum(axis=0)
         return dw.reshape(W.shape)
@@ -784,8 +783,8 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
         n_img = min(chunk, n - start)
         width = n_img * length
         cols = cols_all[:rows * width].reshape(rows, n_img, length)
-        _im2col(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh,
-                ow, cols, False)
+        _pick(_im2col)(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1],
+                       oh, ow, cols, False)
         dyt = _dy_columns(dY, start, n_img, m, length)
         dw += np.matmul(dyt.reshape(group, mg, width),
                         cols.reshape(group, rows // group, width).transpose(0, 2, 1))
@@ -800,7 +799,7 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
         X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides)
     if _depthwise_grad(X, group, oh, ow, k):
         dx = np.empty(X.shape, X.dtype)
-        _depthwise_input_grad(dY, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], dx)
+        _pick(_depthwise_input_grad)(dY, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], dx)
         return dx
     length = oh * ow
     rows = X.shape[1] * k[0] * k[1]
@@ -815,8 +814,8 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
             dcols = dcols_all[:rows * n_img * length].reshape(n_img, group, rows // group,
                                                                length)
             np.matmul(wt, dy4[start:start + n_img], out=dcols)
-            _col2im(dcols.reshape(n_img, rows, length), k[0], k[1], s[0], s[1], pb[0], pb[1],
-                    d[0], d[1], oh, ow, dx[start:start + n_img], True)
+            _pick(_col2im)(dcols.reshape(n_img, rows, length), k[0], k[1], s[0], s[1], pb[0],
+                           pb[1], d[0], d[1], oh, ow, dx[start:start + n_img], True)
         return dx
     for start in range(0, n, chunk):
         n_img = min(chunk, n - start)
@@ -824,6 +823,6 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
         dcols = dcols_all[:rows * width].reshape(group, rows // group, width)
         np.matmul(wt, _dy_columns(dY, start, n_img, m, length).reshape(group, mg, width),
                   out=dcols)
-        _col2im(dcols.reshape(rows, n_img, length), k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
-                d[1], oh, ow, dx[start:start + n_img], False)
+        _pick(_col2im)(dcols.reshape(rows, n_img, length), k[0], k[1], s[0], s[1], pb[0], pb[1],
+                       d[0], d[1], oh, ow, dx[start:start + n_img], False)
     return dx

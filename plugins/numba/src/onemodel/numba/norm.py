@@ -15,6 +15,12 @@ from . import _jit
 from ._jit import jit, sync_threads
 
 
+def _pick(kernel):
+    """A dual kernel's serial variant with one thread (what ``_Dual.__call__`` would choose,
+    without its per-call sum of the arguments' sizes), the dual kernel itself else."""
+    return kernel if _jit._parallel else kernel.serial
+
+
 @jit(parallel=True)
 def _affine_planes(x, mul, add, out):
     """out[n, c, :] = x[n, c, :] * mul[c] + add[c]."""
@@ -97,7 +103,7 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, mom
     mul, add = _folded(scale, B, input_mean, input_var, epsilon, X.dtype)
     if out is None:
         out = np.empty_like(X)
-    _affine_planes(_planes(X), mul, add, _planes(out))
+    _pick(_affine_planes)(_planes(X), mul, add, _planes(out))
     return out
 
 
@@ -173,8 +179,8 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
     if out is None:
         out = np.empty(shape, dtype)
     flat = out.reshape(rows, width)
-    _layer_norm(X.reshape(rows, width), sc, sc, False, float(epsilon), True, flat, False,
-                _NO_STATS, _NO_STATS)
+    _pick(_layer_norm)(X.reshape(rows, width), sc, sc, False, float(epsilon), True, flat, False,
+                       _NO_STATS, _NO_STATS)
     return out
 
 
@@ -182,7 +188,7 @@ def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
     sync_threads()
     X = np.ascontiguousarray(X)
     out = np.empty_like(X)
-    _lrn(_planes(X), float(alpha), float(beta), float(bias), int(size), _planes(out))
+    _pick(_lrn)(_planes(X), float(alpha), float(beta), float(bias), int(size), _planes(out))
     return out
 
 

@@ -21,6 +21,12 @@ from ._jit import jit, sync_threads
 U = np.uint64
 
 
+def _pick(kernel):
+    """A dual kernel's serial variant with one thread (what ``_Dual.__call__`` would choose,
+    without its per-call sum of the arguments' sizes), the dual kernel itself else."""
+    return kernel if _jit._parallel else kernel.serial
+
+
 @jit()
 def _has_nan(x, start, stop):
     n = 0
@@ -226,10 +232,10 @@ def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
     X, out, (h, w, oh, ow), (sw, pl), d, hy, wq, taps = _setup(
         X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, out=out)
     if out.size and _tiles_2x2(kernel_shape, strides, sw, d, hy, wq):
-        _max_pool_2x2(X.reshape(-1), out.reshape(-1), h, w, oh, ow)
+        _pick(_max_pool_2x2)(X.reshape(-1), out.reshape(-1), h, w, oh, ow)
     elif out.size:
-        _max_pool(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl,
-                  hy[0], hy[1], hy[2], taps[0], taps[1], X.dtype.type(-np.inf))
+        _pick(_max_pool)(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl, hy[0],
+                         hy[1], hy[2], taps[0], taps[1], X.dtype.type(-np.inf))
     return out
 
 
@@ -240,8 +246,8 @@ def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
     X, out, (h, w, oh, ow), (sw, pl), d, hy, wq, taps = _setup(
         X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, count_include_pad, out)
     if out.size:
-        _avg_pool(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl,
-                  hy[0], hy[1], hy[2], taps[0], taps[1], hy[3], wq[3], X.dtype.type(0))
+        _pick(_avg_pool)(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl, hy[0],
+                         hy[1], hy[2], taps[0], taps[1], hy[3], wq[3], X.dtype.type(0))
     return out
 
 
@@ -369,13 +375,13 @@ def max_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kern
     if _tuple(kernel_shape) == (2, 2) and _tuple(strides) == (2, 2) and d == (1, 1) and \
             h == 2 * oh and w == 2 * ow and hy[0][0] == 0 and wq[0][0] == 0:
         rows = X.shape[0] * X.shape[1] * oh
-        _max_pool_grad_2x2(X.reshape(rows, 2, ow, 2), dY.reshape(rows, ow),
-                           dx.reshape(rows, 2, ow, 2), dY.dtype.type(0))
+        _pick(_max_pool_grad_2x2)(X.reshape(rows, 2, ow, 2), dY.reshape(rows, ow),
+                                  dx.reshape(rows, 2, ow, 2), dY.dtype.type(0))
     elif dY.size == 0:
         dx[...] = 0
     else:
-        _max_pool_grad(X.reshape(-1), dY.reshape(-1), dx.reshape(-1), h, w, oh, ow, d[0], d[1],
-                       hy[0], hy[1], hy[2], wq[0], wq[1], wq[2])
+        _pick(_max_pool_grad)(X.reshape(-1), dY.reshape(-1), dx.reshape(-1), h, w, oh, ow, d[0],
+                              d[1], hy[0], hy[1], hy[2], wq[0], wq[1], wq[2])
     return dx
 
 
@@ -389,8 +395,8 @@ def average_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, count_include_pa
     if dY.size == 0:
         dx[...] = 0
         return dx
-    _avg_pool_grad(dY.reshape(-1), dx.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl, hy[0],
-                   hy[1], hy[2], taps[0], taps[1], hy[3], wq[3], dY.dtype.type(0))
+    _pick(_avg_pool_grad)(dY.reshape(-1), dx.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl, hy[0],
+                          hy[1], hy[2], taps[0], taps[1], hy[3], wq[3], dY.dtype.type(0))
     return dx
 
 
@@ -418,7 +424,7 @@ def global_average_pool(X, *, out=None):
     length = int(np.prod(X.shape[2:], dtype=np.int64))
     out = _out(out, (n, c) + (1,) * (X.ndim - 2), X.dtype)
     if out.size:
-        _global_avg(X.reshape(n * c, length), out.reshape(n * c))
+        _pick(_global_avg)(X.reshape(n * c, length), out.reshape(n * c))
     return out
 
 
