@@ -125,3 +125,22 @@ def test_gather_out_of_range_still_fails_naming_the_node():
     session, feeds = _session("Gather", [_x(3, 4), _c(7)], {"axis": 1})
     with pytest.raises(OneModelError, match="Gather"):
         session.run(feeds)
+
+
+@pytest.mark.parametrize("op,attrs", [("MatMul", {}), ("Gemm", {}), ("FusedGemm", {}),
+                                      ("Gemm", {"transB": 1})])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+def test_a_few_rows_by_a_large_weight(op, attrs, rows):
+    """2-3 rows by a weight of 1 MiB or more run as one matrix-vector product per row (see
+    linalg._rowwise): the products agree with float64 ones, row order and all."""
+    k, n = 576, 512  # 1.1 MiB of float32
+    a, w, bias = _x(rows, k), _x(n, k) if attrs.get("transB") else _x(k, n), _x(n)
+    inputs = [a, w] if op == "MatMul" else [a, w, bias]
+    session, feeds = _session(op, inputs, attrs)
+    got = session.run(feeds)["y"].numpy()
+    w64 = w.astype(np.float64).T if attrs.get("transB") else w.astype(np.float64)
+    want = a.astype(np.float64) @ w64 + (0 if op == "MatMul" else bias)
+    if op == "FusedGemm":
+        want = np.maximum(want, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert got.flags.c_contiguous and got.dtype == np.float32

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..dtype import FLOATING, NUMERIC
@@ -63,13 +65,49 @@ def matmul(A, B, *, out=None):
     return _product_into(A, B, out)
 
 
+# A product of 2-3 rows by a weight matrix this large runs as one matrix-vector product per
+# row: OpenBLAS's sgemm packs all of B on every call, so on 2 rows of a (576, 1024) float32
+# weight it took 254 us against 83 us for two sgemv calls (the CPU times of a paired
+# measurement, docs/benchmarks.md, "Fifth round"); from 4 rows on, or with a weight that stays
+# in cache (256 x 256: 4 us against 8), the one product wins.
+_ROWWISE_MAX_ROWS = 3
+_ROWWISE_MIN_BYTES = 1 << 20
+
+
+def _rowwise(a_shape, b_shape, dtype, trans_b=False):
+    """Whether ``a @ b`` (b: 2-D, read transposed with ``trans_b``) runs row by row."""
+    if len(b_shape) != 2 or not a_shape or dtype.kind != "f" or trans_b:
+        return False
+    rows = math.prod(a_shape[:-1])
+    return 2 <= rows <= _ROWWISE_MAX_ROWS and \
+        b_shape[0] * b_shape[1] * dtype.itemsize >= _ROWWISE_MIN_BYTES
+
+
+def _rows_into(a, b, out, rows):
+    """``a @ b`` for ``rows`` rows of ``a``: one matrix-vector product per row into ``out``."""
+    a2 = a.reshape(rows, a.shape[-1])
+    o2 = out.reshape(rows, out.shape[-1])
+    for i in range(rows):
+        np.matmul(a2[i], b, out=o2[i])
+    return out
+
+
 @specializer(matmul.kernel)
 def _matmul_at(site: CallSite):
     """A dtype numpy multiplies natively: ``np.matmul`` straight into ``out`` (numpy checks
-    the shapes itself)."""
+    the shapes itself), or row by row for 2-3 rows by a large 2-D weight."""
     dtype = site.dtypes[0]
     if dtype is None or dtype.kind not in _NATIVE_KINDS or not dtype.isbuiltin:
         return None
+    a_shape, b_shape, out_shape = site.shapes[0], site.shapes[1], site.out_shapes[0]
+    if _rowwise(a_shape, b_shape, dtype) and site.dtypes[1] == dtype:
+        rows = math.prod(a_shape[:-1])
+
+        def matmul_rows(A, B, out=None):
+            if A.shape != a_shape or B.shape != b_shape or A.dtype != dtype or B.dtype != dtype:
+                return site.generic(A, B, out=out)
+            return _rows_into(A, B, np.empty(out_shape, dtype) if out is None else out, rows)
+        return matmul_rows
     return lambda A, B, out=None: np.matmul(A, B, out=out)
 
 
@@ -138,9 +176,17 @@ def _gemm_at(site: CallSite):
     alpha, beta = site.attrs.get("alpha", 1.0), site.attrs.get("beta", 1.0)
     scale = None if alpha == 1.0 else np.asarray(alpha, dtype)
     weight = None if beta == 1.0 else np.asarray(beta, dtype)
+    a_shape, b_shape, out_shape = site.shapes[0], site.shapes[1], site.out_shapes[0]
+    rowwise = not trans_a and _rowwise(a_shape, b_shape, dtype, trans_b) and \
+        site.dtypes[1] == dtype
 
     def gemm_call(A, B, C=None, out=None):
-        y = np.matmul(A.T if trans_a else A, B.T if trans_b else B, out=out)
+        if rowwise and A.shape == a_shape and B.shape == b_shape and A.dtype == dtype and \
+                B.dtype == dtype:
+            y = _rows_into(A, B, np.empty(out_shape, dtype) if out is None else out,
+                           a_shape[0])
+        else:
+            y = np.matmul(A.T if trans_a else A, B.T if trans_b else B, out=out)
         if scale is not None:
             y *= scale
         if C is not None:
