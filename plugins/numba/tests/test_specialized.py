@@ -171,6 +171,8 @@ def test_other_shapes_and_dtypes_take_the_generic_path(kernel, inputs, attrs, co
         variants.append([inputs[0], inputs[1][..., :1], *inputs[2:]])  # another 2nd shape
     if kernel in (conv.conv, conv.fused_conv):
         variants.append(inputs[:2] + [None] * (len(inputs) == 3))  # the bias left out
+        if len(inputs) == 3:
+            variants.append([*inputs[:2], inputs[2].astype(np.float64)])  # another bias dtype
         if len(inputs) == 2:
             variants.append([*inputs, np.zeros(inputs[1].shape[0], np.float32)])  # one added
     if kernel is norm.layer_normalization:

@@ -705,27 +705,27 @@ def _conv_site(site: CallSite, act: int):
     def conv_at(X, W, B=None, out=None):
         if X.shape != xshape or X.dtype != dtype or (B is None) == has_bias:
             return generic(X, W, B, out=out)
-        if W is w_const:
-            W = w_ready
-        elif W.shape != wshape or W.dtype != dtype:
-            return generic(X, W, B, out=out)
-        else:
-            W = np.ascontiguousarray(W.reshape(w4) if one_d else W)
         if B is b_const or B is None:
             bias = b_ready
         elif B.shape != bshape or B.dtype != dtype:
             return generic(X, W, B, out=out)
         else:
             bias = np.ascontiguousarray(B)
+        if W is w_const:
+            wk = w_ready
+        elif W.shape != wshape or W.dtype != dtype:
+            return generic(X, W, B, out=out)
+        else:
+            wk = np.ascontiguousarray(W.reshape(w4) if one_d else W)
         sync_threads()
         if one_d:  # as the 2-D convolution over a height of 1 (views)
             X = np.ascontiguousarray(X.reshape(x4))
-            y = _run(X, W, bias, has_bias, act, group, plan,
+            y = _run(X, wk, bias, has_bias, act, group, plan,
                      None if out is None else out.reshape(y4))
             return out if out is not None else y.reshape(yshape)
         if not X.flags.c_contiguous:
             X = np.ascontiguousarray(X)
-        return _run(X, W, bias, has_bias, act, group, plan, out)
+        return _run(X, wk, bias, has_bias, act, group, plan, out)
     return conv_at
 
 
