@@ -6,6 +6,7 @@ planned. A session over a small network uses them and agrees with onnxruntime.""
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -281,3 +282,15 @@ def test_pool_out_of_another_shape_is_refused_as_by_the_generic_call(kernel):
     call = specialize(kernel, _site(kernel, [x], attrs, ()))
     with pytest.raises(OneModelError, match="out= must be"):
         call(x, out=np.empty((2, 3, 5, 5), np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_without_named_statistics_skips_them(dtype):
+    """A node naming only Y (an exported inference graph's) gets Y alone, bit for bit."""
+    inputs = [_x(2, 5, 32).astype(dtype), _x(32).astype(dtype), _x(32).astype(dtype)]
+    site = _site(norm.layer_normalization, inputs, {}, (1, 2))
+    site = replace(site, out_shapes=(site.out_shapes[0], None, None))
+    call = norm.layer_normalization.specialize(site)
+    y, mean, inv = call(*inputs)
+    assert mean is None and inv is None
+    _same(y, norm.layer_normalization(*inputs)[0])

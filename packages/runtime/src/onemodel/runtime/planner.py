@@ -496,14 +496,16 @@ def _concrete(specs) -> bool:
 
 
 def _call_site(specs, n, consts, generic) -> CallSite:
-    """What ``specialize`` is told about node ``n``: its specs, its constant inputs."""
+    """What ``specialize`` is told about node ``n``: its specs, its constant inputs (an output
+    the node does not name has no shape: nobody reads it)."""
     in_specs, out_specs = specs
     return CallSite(
         tuple(None if s is None else tuple(int(d) for d in s.shape) for s in in_specs),
         tuple(None if s is None else np.dtype(s.dtype.numpy) for s in in_specs),
         tuple(consts.get(i) if i else None for i in n.inputs),
-        dict(n.attrs), tuple(None if s is None else tuple(int(d) for d in s.shape)
-                             for s in out_specs), generic)
+        dict(n.attrs), tuple(None if s is None or k >= len(n.outputs) or not n.outputs[k]
+                             else tuple(int(d) for d in s.shape)
+                             for k, s in enumerate(out_specs)), generic)
 
 
 def _unbound(out_specs) -> bool:

@@ -270,8 +270,8 @@ def _norm_param(site: CallSite, i: int, tail, width, dtype):
 @specializer(layer_normalization)
 def _layer_normalization_at(site: CallSite):
     """LayerNormalization planned for its shapes: the rows' geometry, and the constant Scale
-    and B as contiguous rows, made once. The mean and inverse standard deviation are still
-    computed and returned, as by the generic call."""
+    and B as contiguous rows, made once. The mean and inverse standard deviation are computed
+    and returned only when the node names those outputs (an inference graph's rarely does)."""
     shape, dtype = site.shapes[0], site.dtypes[0]
     if shape is None or not shape or 0 in shape or dtype not in _FLOATS or \
             len(site.shapes) < 2 or site.shapes[1] is None:
@@ -290,6 +290,8 @@ def _layer_normalization_at(site: CallSite):
     has_bias = b_shape is not None
     flat = (rows, width)
     generic = site.generic
+    keep_stats = any(s is not None for s in site.out_shapes[1:])
+    unused = np.empty(1, stash)  # the statistics' place when nobody reads them
 
     def layer_normalization_at(X, Scale, B=None):
         if X.shape != shape or X.dtype != dtype or (B is None) == has_bias:
@@ -312,11 +314,15 @@ def _layer_normalization_at(site: CallSite):
         if not X.flags.c_contiguous:
             X = np.ascontiguousarray(X)
         out = np.empty(shape, dtype)
+        kernel = _layer_norm if _jit._parallel else _layer_norm.serial
+        if not keep_stats:
+            kernel(X.reshape(flat), scale, bias, has_bias, eps, False, out.reshape(flat), False,
+                   unused, unused)
+            return out, None, None
         mean = np.empty(stats, stash)
         inv = np.empty(stats, stash)
-        (_layer_norm if _jit._parallel else _layer_norm.serial)(
-            X.reshape(flat), scale, bias, has_bias, eps, False, out.reshape(flat), True,
-            mean.reshape(rows), inv.reshape(rows))
+        kernel(X.reshape(flat), scale, bias, has_bias, eps, False, out.reshape(flat), True,
+               mean.reshape(rows), inv.reshape(rows))
         return out, mean, inv
     return layer_normalization_at
 

@@ -28,7 +28,7 @@ class CallSite:
     dtypes: tuple[np.dtype | None, ...]
     values: tuple[np.ndarray | None, ...]  # inputs known while planning (constants), else None
     attrs: Mapping[str, Any]  # the node's attributes as the generic call gets them
-    out_shapes: tuple[tuple[int, ...] | None, ...]
+    out_shapes: tuple[tuple[int, ...] | None, ...]  # None: an output the node leaves unnamed
     generic: Callable  # the kernel with the node's attributes: the fallback for other shapes
 
 
