@@ -99,7 +99,7 @@ class _DeviceCall:
     def __init__(self, step: Step, dev: devices.Device, static: frozenset[int]):
         self.op, self.dev, self.static, self.multi = step.op, dev, static, step.multi
         self.cpu_call = step.call
-        self.attrs = dict(getattr(step.call, "keywords", None) or {})
+        self.attrs = dict(step.attrs or {})
         self.kernel: Any = None  # None: not chosen yet; False: the CPU fallback
         if not dev.fallback and not _has_device_kernels(step.op, dev.name):
             raise devices.DeviceError(

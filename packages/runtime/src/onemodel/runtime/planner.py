@@ -69,6 +69,9 @@ class Step:
     node: str = ""  # the node's name and op, for profiles
     op: str = ""
     buf: int = -1  # the planned buffer its kernel writes (``out=``), or -1: it allocates
+    # the node's attributes: ``call`` may be a specialized kernel that no longer carries them,
+    # and a device placement (placement.py) hands them to the device's kernel
+    attrs: dict | None = None
 
 
 @dataclass
@@ -458,7 +461,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         multi = len(OPS[n.op].outputs) > 1 or OPS[n.op].outputs[0].endswith("...")
         steps.append(Step(call, gather, len(ins) == 1, multi, outs,
                           tuple(release_at.get(k, ())), n.label(), ins, n.name, n.op,
-                          buf_of.get(k, -1)))
+                          buf_of.get(k, -1), attrs))
     outputs = [(w, slot_of[w]) for w in wanted]
     own = sum(v.nbytes for k, v in consts.items() if k not in graph.initializers)
     if layout is not None:
