@@ -103,35 +103,44 @@ def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, by_image):
 @jit(parallel=True)
 def _col2im(dcols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, dx, by_image):
     """The adjoint of :func:`_im2col` (columns (N, C*kh*kw, oh*ow) when ``by_image``, else side
-    by side, (C*kh*kw, N, oh*ow)): dx[n, c, ...] += every column entry that read it. One
-    (image, channel) plane per task, so no two tasks write the same element."""
+    by side, (C*kh*kw, N, oh*ow)): dx[n, c, ...] += every column entry that read it. A task
+    owns whole (image, channel) planes, so no two tasks write the same element; each plane is
+    summed in a zero-padded scratch plane (no bounds logic, as in :func:`_im2col`) whose
+    inside is then copied out."""
     n_img, c_in, h, w = dx.shape
     kk = kh * kw
-    for t in prange(n_img * c_in):
-        n = t // c_in
-        c = t % c_in
-        plane = dx[n, c]
-        for a in range(h):
-            for b in range(w):
-                plane[U(a), U(b)] = 0
-        for i in range(kh):
-            for j in range(kw):
-                r = c * kk + i * kw + j
-                row = dcols[n, r] if by_image else dcols[r, n]
-                off = j * dw - pw
-                lo = 0
-                while lo < ow and lo * sw + off < 0:
-                    lo += 1
-                hi = ow
-                while hi > lo and (hi - 1) * sw + off >= w:
-                    hi -= 1
-                for y in range(oh):
-                    iy = y * sh - ph + i * dh
-                    if iy < 0 or iy >= h:
-                        continue
-                    base = y * ow
-                    for q in range(lo, hi):
-                        plane[U(iy), U(q * sw + off)] += row[U(base + q)]
+    rows = c_in * kk
+    length = oh * ow
+    hp = max((oh - 1) * sh + (kh - 1) * dh + 1, h + ph)
+    wp = max((ow - 1) * sw + (kw - 1) * dw + 1, w + pw)
+    cf = dcols.reshape(dcols.size)
+    df = dx.reshape(dx.size)
+    planes = n_img * c_in
+    for task in prange((planes + _PLANES_PER_TASK - 1) // _PLANES_PER_TASK):
+        pad = np.empty(hp * wp, dx.dtype)
+        for t in range(task * _PLANES_PER_TASK, min(planes, (task + 1) * _PLANES_PER_TASK)):
+            n = t // c_in
+            c = t % c_in
+            for a in range(hp * wp):
+                pad[U(a)] = 0
+            for i in range(kh):
+                for j in range(kw):
+                    r = c * kk + i * kw + j
+                    row = ((n * rows + r) if by_image else (r * n_img + n)) * length
+                    for y in range(oh):
+                        at = (y * sh + i * dh) * wp + j * dw
+                        base = row + y * ow
+                        if sw == 1:
+                            for q in range(ow):
+                                pad[U(at + q)] += cf[U(base + q)]
+                        else:
+                            for q in range(ow):
+                                pad[U(at + q * sw)] += cf[U(base + q)]
+            dst = t * h * w
+            for a in range(h):
+                at = (a + ph) * wp + pw
+                for b in range(w):
+                    df[U(dst + a * w + b)] = pad[U(at + b)]
 
 
 @jit()
