@@ -88,8 +88,13 @@ def _rows_into(a, b, out, rows):
     a2 = a.reshape(rows, a.shape[-1])
     o2 = out.reshape(rows, out.shape[-1])
     for i in range(rows):
-        np.matmul(a2[i], b, out=o2[i])
+        np.dot(a2[i], b, out=o2[i])
     return out
+
+
+# the dtypes np.dot hands to BLAS: for them np.dot is np.matmul's product without the ufunc
+# machinery's set-up (0.7 against 2.0 us on (10, 32) @ (32, 32), docs/benchmarks.md)
+_BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @specializer(matmul.kernel)
@@ -108,6 +113,24 @@ def _matmul_at(site: CallSite):
                 return site.generic(A, B, out=out)
             return _rows_into(A, B, np.empty(out_shape, dtype) if out is None else out, rows)
         return matmul_rows
+    if dtype in _BLAS_DTYPES and site.dtypes[1] == dtype and len(b_shape) == 2 and \
+            len(a_shape) >= 2:
+        # the rows of A (its leading axes together) by a 2-D B: one np.dot on 2-D views
+        flat = len(a_shape) > 2
+        a2 = (math.prod(a_shape[:-1]), a_shape[-1])
+        o2 = (a2[0], b_shape[1])
+
+        def matmul_dot(A, B, out=None):
+            if A.shape != a_shape or B.shape != b_shape or A.dtype != dtype or B.dtype != dtype:
+                return site.generic(A, B, out=out)
+            if out is None:
+                out = np.empty(out_shape, dtype)
+            if flat:
+                np.dot(A.reshape(a2), B, out=out.reshape(o2))
+            else:
+                np.dot(A, B, out=out)
+            return out
+        return matmul_dot
     return lambda A, B, out=None: np.matmul(A, B, out=out)
 
 
@@ -179,6 +202,7 @@ def _gemm_at(site: CallSite):
     a_shape, b_shape, out_shape = site.shapes[0], site.shapes[1], site.out_shapes[0]
     rowwise = not trans_a and _rowwise(a_shape, b_shape, dtype, trans_b) and \
         site.dtypes[1] == dtype
+    product = np.dot if dtype in _BLAS_DTYPES and site.dtypes[1] == dtype else np.matmul
 
     def gemm_call(A, B, C=None, out=None):
         if rowwise and A.shape == a_shape and B.shape == b_shape and A.dtype == dtype and \
@@ -186,7 +210,7 @@ def _gemm_at(site: CallSite):
             y = _rows_into(A, B, np.empty(out_shape, dtype) if out is None else out,
                            a_shape[0])
         else:
-            y = np.matmul(A.T if trans_a else A, B.T if trans_b else B, out=out)
+            y = product(A.T if trans_a else A, B.T if trans_b else B, out=out)
         if scale is not None:
             y *= scale
         if C is not None:
