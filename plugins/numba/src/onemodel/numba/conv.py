@@ -611,11 +611,13 @@ def _run(X, W, bias, has_bias, act, group, plan, out):
     c = X.shape[1]
     mg = m // group
     y3 = y.reshape(n, m, length)
+    # np.dot skips np.matmul's ufunc set-up, but takes only operands of the output's dtype
+    product = np.dot if W.dtype == X.dtype else np.matmul
     if path == _DIRECT:
         if group == 1 and n == 1:
-            np.dot(W.reshape(m, c), X.reshape(c, length), out=y.reshape(m, length))
+            product(W.reshape(m, c), X.reshape(c, length), out=y.reshape(m, length))
         elif group == 1 and length == 1 and c >= m:  # (N, C) @ (C, M): the output's layout
-            np.dot(X.reshape(n, c), W.reshape(m, c).T, out=y.reshape(n, m))
+            product(X.reshape(n, c), W.reshape(m, c).T, out=y.reshape(n, m))
         else:  # one GEMM per image (and group)
             np.matmul(W.reshape(group, mg, c // group), X.reshape(n, group, c // group, length),
                       out=y.reshape(n, group, mg, length))
@@ -632,8 +634,8 @@ def _run(X, W, bias, has_bias, act, group, plan, out):
             cols = cols_all[:rows * n_img * length].reshape(n_img, rows, length)
             im2col(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1],
                    oh, ow, cols, True)
-            if group == 1 and n_img == 1:  # np.dot: without np.matmul's ufunc set-up
-                np.dot(w3[0], cols[0], out=y3[start])
+            if group == 1 and n_img == 1:
+                product(w3[0], cols[0], out=y3[start])
             else:
                 np.matmul(w3, cols.reshape(n_img, group, rows // group, length),
                           out=y3[start:start + n_img].reshape(n_img, group, mg, length))
@@ -651,7 +653,7 @@ def _run(X, W, bias, has_bias, act, group, plan, out):
                ow, cols, False)
         res = res_all[:m * width].reshape(m, width)
         if group == 1:
-            np.dot(w3[0], cols.reshape(rows, width), out=res)
+            product(w3[0], cols.reshape(rows, width), out=res)
         else:
             np.matmul(w3, cols.reshape(group, rows // group, width),
                       out=res.reshape(group, mg, width))
