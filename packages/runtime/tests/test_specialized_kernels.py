@@ -147,3 +147,19 @@ def test_a_few_rows_by_a_large_weight(op, attrs, rows):
         want = np.maximum(want, 0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert got.flags.c_contiguous and got.dtype == np.float32
+
+
+def test_a_repeated_reduction_axis_fails_as_in_the_generic_kernel():
+    session, feeds = _session("ReduceMean", [_x(4, 6), _c([1, -1])], {"keepdims": 1})
+    with pytest.raises(OneModelError, match="ReduceMean"):
+        session.run(feeds)
+
+
+def test_a_specializer_that_raises_names_the_node(monkeypatch):
+    def broken(site):
+        raise ValueError("a bug in a plugin's specializer")
+
+    monkeypatch.setattr(OPS["Transpose"].kernel, "specialize", broken)
+    session, feeds = _session("Transpose", [_x(2, 3)], {})
+    with pytest.raises(OneModelError, match="Transpose.*specializing kernel.*a bug"):
+        session.run(feeds)

@@ -454,7 +454,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         attrs = n.attrs if ins else None  # an empties step takes neither inputs nor attributes
         call = partial(kernel, **attrs) if attrs else kernel
         if ins and k in sites:
-            call = specialize(kernel, _call_site(sites[k], n, consts, call)) or call
+            call = _specialized(kernel, _call_site(sites[k], n, consts, call), n) or call
         if layout is not None and k in layout.escaping:
             call = _buffers.fresh_out(call, *candidates[k])
         gather = itemgetter(*ins) if ins else (lambda vals: ())
@@ -490,6 +490,18 @@ def _bufferable(n, out_specs) -> bool:
     spec = out_specs[0]
     return isinstance(spec, TensorSpec) and _size(spec) > 0 and \
         all(not isinstance(d, DimExpr) for d in spec.shape)
+
+
+def _specialized(kernel, site: CallSite, n):
+    """``specialize(kernel, site)``; a specializer that raises names the node and the kernel
+    (a plugin's bug must not surface as a bare numpy error from Session.run)."""
+    try:
+        return specialize(kernel, site)
+    except Exception as exc:
+        name = getattr(kernel, "__qualname__", repr(kernel))
+        raise GraphError(f"{n.label()}: specializing kernel {name} for inputs "
+                         f"{', '.join(str(list(s)) for s in site.shapes if s is not None)} "
+                         f"failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _concrete(specs) -> bool:

@@ -136,7 +136,10 @@ def _reduce_mean_at(site: CallSite):
             return None
         ax = tuple(range(len(src)))
     else:
-        ax = tuple(sorted({int(a) % len(src) for a in axes.reshape(-1).tolist()}))
+        listed = [int(a) % len(src) for a in axes.reshape(-1).tolist()]
+        ax = tuple(sorted(set(listed)))
+        if len(ax) != len(listed):
+            return None  # a repeated axis: the generic kernel's error names it
     count = math.prod(src[a] for a in ax)
     keep = bool(site.attrs.get("keepdims", 1))
     if not 0 < count <= _EXACT_COUNT[dtype] or (not keep and len(ax) == len(src)):
