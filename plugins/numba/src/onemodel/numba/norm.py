@@ -267,11 +267,10 @@ def _norm_param(site: CallSite, i: int, tail, width, dtype):
     return shape, const, row
 
 
-@specializer(layer_normalization)
-def _layer_normalization_at(site: CallSite):
-    """LayerNormalization planned for its shapes: the rows' geometry, and the constant Scale
-    and B as contiguous rows, made once. The mean and inverse standard deviation are computed
-    and returned only when the node names those outputs (an inference graph's rarely does)."""
+def _rows_site(site: CallSite):
+    """What the row normalizations' call sites share: (shape, dtype, epsilon, :func:`_rows`),
+    or None where the generic call must run (other dtypes, empty shapes, no scale, an axis out
+    of range)."""
     shape, dtype = site.shapes[0], site.dtypes[0]
     if shape is None or not shape or 0 in shape or dtype not in _FLOATS or \
             len(site.shapes) < 2 or site.shapes[1] is None:
@@ -279,9 +278,19 @@ def _layer_normalization_at(site: CallSite):
     axis = site.attrs.get("axis", -1)
     if not -len(shape) <= axis < len(shape):
         return None
+    return shape, dtype, float(site.attrs.get("epsilon", 1e-5)), _rows(shape, axis)
+
+
+@specializer(layer_normalization)
+def _layer_normalization_at(site: CallSite):
+    """LayerNormalization planned for its shapes: the rows' geometry, and the constant Scale
+    and B as contiguous rows, made once. The mean and inverse standard deviation are computed
+    and returned only when the node names those outputs (an inference graph's rarely does)."""
+    rows_site = _rows_site(site)
+    if rows_site is None:
+        return None
+    shape, dtype, eps, (rows, width, tail, stats) = rows_site
     stash = np.dtype(np.float32 if site.attrs.get("stash_type", 1) == 1 else dtype)
-    eps = float(site.attrs.get("epsilon", 1e-5))
-    rows, width, tail, stats = _rows(shape, axis)
     try:
         s_shape, s_const, s_row = _norm_param(site, 1, tail, width, dtype)
         b_shape, b_const, b_row = _norm_param(site, 2, tail, width, dtype)
@@ -291,7 +300,6 @@ def _layer_normalization_at(site: CallSite):
     flat = (rows, width)
     generic = site.generic
     keep_stats = any(s is not None for s in site.out_shapes[1:])
-    unused = np.empty(1, stash)  # the statistics' place when nobody reads them
 
     def layer_normalization_at(X, Scale, B=None):
         if X.shape != shape or X.dtype != dtype or (B is None) == has_bias:
@@ -317,7 +325,7 @@ def _layer_normalization_at(site: CallSite):
         kernel = _layer_norm if _jit._parallel else _layer_norm.serial
         if not keep_stats:
             kernel(X.reshape(flat), scale, bias, has_bias, eps, False, out.reshape(flat), False,
-                   unused, unused)
+                   _NO_STATS, _NO_STATS)
             return out, None, None
         mean = np.empty(stats, stash)
         inv = np.empty(stats, stash)
@@ -331,15 +339,10 @@ def _layer_normalization_at(site: CallSite):
 def _rms_normalization_at(site: CallSite):
     """RMSNormalization planned for its shapes: the rows' geometry and the constant scale as
     a contiguous row made once."""
-    shape, dtype = site.shapes[0], site.dtypes[0]
-    if shape is None or not shape or 0 in shape or dtype not in _FLOATS or \
-            len(site.shapes) < 2 or site.shapes[1] is None:
+    rows_site = _rows_site(site)
+    if rows_site is None:
         return None
-    axis = site.attrs.get("axis", -1)
-    if not -len(shape) <= axis < len(shape):
-        return None
-    eps = float(site.attrs.get("epsilon", 1e-5))
-    rows, width, tail, _ = _rows(shape, axis)
+    shape, dtype, eps, (rows, width, tail, _) = rows_site
     try:
         s_shape, s_const, s_row = _norm_param(site, 1, tail, width, dtype)
     except Exception:

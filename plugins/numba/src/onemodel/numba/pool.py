@@ -455,6 +455,25 @@ def _fits(out, oshape, dtype) -> bool:
     return out.shape == oshape and out.dtype == dtype and out.flags.c_contiguous
 
 
+def _pool_at(shape, dtype, oshape, kernel, x_flat, out_flat, tail, generic):
+    """The specialized call of a pooling kernel: an input of the planned shape and dtype (and an
+    ``out=`` as the contract promises) goes to ``kernel(X.reshape(x_flat),
+    out.reshape(out_flat), *tail)``; anything else to the generic call."""
+    def pool_at(X, out=None):
+        if X.shape != shape or X.dtype != dtype or (out is not None
+                                                    and not _fits(out, oshape, dtype)):
+            return generic(X, out=out)
+        sync_threads()
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        if out is None:
+            out = np.empty(oshape, dtype)
+        (kernel if _jit._parallel else kernel.serial)(X.reshape(x_flat), out.reshape(out_flat),
+                                                      *tail)
+        return out
+    return pool_at
+
+
 @specializer(max_pool)
 def _max_pool_at(site: CallSite):
     """MaxPool planned for its shapes: the window tables and the kernel's choice made once."""
@@ -472,19 +491,7 @@ def _max_pool_at(site: CallSite):
     else:
         kernel, tail = _max_pool, (h, w, oh, ow, d[0], d[1], sw, pl, hy[0], hy[1], hy[2],
                                    taps[0], taps[1], dtype.type(-np.inf))
-
-    def max_pool_at(X, out=None):
-        if X.shape != shape or X.dtype != dtype or (out is not None
-                                                    and not _fits(out, oshape, dtype)):
-            return generic(X, out=out)
-        sync_threads()
-        if not X.flags.c_contiguous:
-            X = np.ascontiguousarray(X)
-        if out is None:
-            out = np.empty(oshape, dtype)
-        (kernel if _jit._parallel else kernel.serial)(X.reshape(-1), out.reshape(-1), *tail)
-        return out
-    return max_pool_at
+    return _pool_at(shape, dtype, oshape, kernel, -1, -1, tail, generic)
 
 
 @specializer(average_pool)
@@ -496,20 +503,7 @@ def _average_pool_at(site: CallSite):
     shape, dtype, oshape, ((h, w, oh, ow), (sw, pl), d, hy, wq, taps) = planned
     tail = (h, w, oh, ow, d[0], d[1], sw, pl, hy[0], hy[1], hy[2], taps[0], taps[1], hy[3],
             wq[3], dtype.type(0))
-    generic = site.generic
-
-    def average_pool_at(X, out=None):
-        if X.shape != shape or X.dtype != dtype or (out is not None
-                                                    and not _fits(out, oshape, dtype)):
-            return generic(X, out=out)
-        sync_threads()
-        if not X.flags.c_contiguous:
-            X = np.ascontiguousarray(X)
-        if out is None:
-            out = np.empty(oshape, dtype)
-        (_avg_pool if _jit._parallel else _avg_pool.serial)(X.reshape(-1), out.reshape(-1), *tail)
-        return out
-    return average_pool_at
+    return _pool_at(shape, dtype, oshape, _avg_pool, -1, -1, tail, site.generic)
 
 
 @specializer(global_average_pool)
@@ -522,18 +516,4 @@ def _global_average_pool_at(site: CallSite):
     n, c = shape[:2]
     planes = (n * c, math.prod(shape[2:]))
     oshape = (n, c) + (1,) * (len(shape) - 2)
-    generic = site.generic
-
-    def global_average_pool_at(X, out=None):
-        if X.shape != shape or X.dtype != dtype or (out is not None
-                                                    and not _fits(out, oshape, dtype)):
-            return generic(X, out=out)
-        sync_threads()
-        if not X.flags.c_contiguous:
-            X = np.ascontiguousarray(X)
-        if out is None:
-            out = np.empty(oshape, dtype)
-        (_global_avg if _jit._parallel else _global_avg.serial)(X.reshape(planes),
-                                                                out.reshape(planes[0]))
-        return out
-    return global_average_pool_at
+    return _pool_at(shape, dtype, oshape, _global_avg, planes, planes[0], (), site.generic)
