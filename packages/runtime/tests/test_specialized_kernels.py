@@ -163,3 +163,15 @@ def test_a_specializer_that_raises_names_the_node(monkeypatch):
     session, feeds = _session("Transpose", [_x(2, 3)], {})
     with pytest.raises(OneModelError, match="Transpose.*specializing kernel.*a bug"):
         session.run(feeds)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 3, 4), (4, 5)), ((2, 576), (576, 512))])
+def test_an_out_that_cannot_be_viewed_flat_is_refused_not_left_unwritten(a_shape, b_shape):
+    """The products write 2-D views of ``out``; a strided ``out`` numpy could only copy would
+    leave the caller's array unwritten, so it is an error."""
+    a, b = _x(*a_shape), _x(*b_shape)
+    call = specialize(OPS["MatMul"].kernel, _site("MatMul", [a, b], {}))
+    out_shape = a_shape[:-1] + b_shape[-1:]
+    out = np.empty(out_shape[::-1], np.float32).T  # the right shape, transposed strides
+    with pytest.raises(ValueError):
+        call(a, b, out=out)

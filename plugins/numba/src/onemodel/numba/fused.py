@@ -231,7 +231,7 @@ def fused_elementwise(*inputs, program=(), out=None):
         return out
     # reshape copies only an input it cannot view (numba takes strided views as they are)
     args = [a.reshape(s) for a, s in zip(inputs, shaped)]
-    (fn if _jit._parallel else fn.serial)(out.reshape(dims), *args)
+    (fn if _jit._parallel else fn.serial)(out.reshape(dims, copy=False), *args)
     return out
 
 
@@ -255,6 +255,6 @@ def _fused_at(site: CallSite):
         if out is None:
             out = np.empty(out_shape, dtype)
         args = [a if v is None else a.reshape(v) for a, v in zip(inputs, views)]
-        (fn if _jit._parallel else fn.serial)(out.reshape(dims), *args)
+        (fn if _jit._parallel else fn.serial)(out.reshape(dims, copy=False), *args)
         return out
     return fused

@@ -86,7 +86,7 @@ def _rowwise(a_shape, b_shape, dtype, trans_b=False):
 def _rows_into(a, b, out, rows):
     """``a @ b`` for ``rows`` rows of ``a``: one matrix-vector product per row into ``out``."""
     a2 = a.reshape(rows, a.shape[-1])
-    o2 = out.reshape(rows, out.shape[-1])
+    o2 = out.reshape((rows, out.shape[-1]), copy=False)  # never write into a copy
     for i in range(rows):
         np.dot(a2[i], b, out=o2[i])
     return out
@@ -126,7 +126,7 @@ def _matmul_at(site: CallSite):
             if out is None:
                 out = np.empty(out_shape, dtype)
             if flat:
-                np.dot(A.reshape(a2), B, out=out.reshape(o2))
+                np.dot(A.reshape(a2), B, out=out.reshape(o2, copy=False))
             else:
                 np.dot(A, B, out=out)
             return out
