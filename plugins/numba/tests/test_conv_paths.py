@@ -45,6 +45,19 @@ CASES = [
 ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh"]
 
 
+@pytest.fixture(autouse=True)
+def no_small_path(monkeypatch):
+    """These cases are small: without this, most would take the one-call small-convolution
+    kernel (tested in test_conv_small.py) instead of the path each is named for."""
+    monkeypatch.setattr(conv, "_SMALL_MAX_WORK", -1)
+    monkeypatch.setattr(conv, "_SMALL_MAX_WORK_WIDE", -1)
+    conv._plan.cache_clear()
+    conv._PLANS.clear()
+    yield
+    conv._plan.cache_clear()
+    conv._PLANS.clear()
+
+
 def _arrays(xs, ws, dtype, seed=0):
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(xs) * 2).astype(dtype)

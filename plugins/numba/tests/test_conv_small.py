@@ -1,0 +1,202 @@
+"""The one-call small-convolution kernel (conv._small_conv): every case takes that path and
+matches PyTorch (conv2d/conv1d, then the activation) and the columns-and-GEMM path it replaces,
+in float32 and float64, with and without bias, each activation, with and without ``out=``;
+odd sizes, strides, asymmetric pads, pads wider than the taps reach (output rows that only get
+the bias), dilations, groups, a kernel as big as the image, Conv1d; strided inputs and the
+specialized call's fallback to the generic call for other shapes. Also which convolutions
+take the path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from onemodel.numba import conv
+from onemodel.tensors.ops import OPS
+from onemodel.tensors.ops.nn import _geometry
+from onemodel.tensors.ops.specialize import CallSite, specialize
+
+TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-11, atol=1e-11)}
+ACTS = ["", "Relu", "Sigmoid", "Tanh"]
+TORCH_ACT = {"": lambda t: t, "Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh}
+
+# (X shape, W shape, attributes); every one is small (asserted)
+CASES = [
+    ((2, 3, 9, 7), (4, 3, 3, 3), dict(pads=(1, 0, 2, 1), strides=(2, 1))),
+    ((1, 4, 6, 5), (6, 2, 2, 3), dict(group=2, dilations=(2, 1), pads=(1, 1, 0, 2))),
+    ((3, 2, 5, 8), (5, 2, 1, 1), dict(strides=(2, 3))),
+    ((2, 6, 4, 4), (6, 3, 3, 3), dict(group=2, pads=(1, 1, 1, 1))),
+    ((1, 3, 11, 10), (2, 3, 4, 4), dict(strides=(4, 4))),  # a patch embedding
+    ((2, 5, 7, 7), (3, 5, 5, 5), dict(pads=(4, 4, 4, 4), dilations=(2, 2))),
+    ((1, 2, 3, 3), (3, 2, 3, 3), dict(auto_pad="SAME_LOWER", strides=(2, 2))),
+    ((2, 4, 1, 1), (5, 4, 1, 1), {}),
+    ((1, 3, 5, 5), (4, 3, 5, 5), {}),  # the kernel covers the image: a 1x1 output
+    ((1, 2, 2, 2), (3, 2, 3, 3), dict(pads=(3, 3, 3, 2))),  # rows and columns of bias only
+    ((2, 8, 8, 8), (8, 8, 3, 3), dict(pads=(1, 1, 1, 1))),  # wide: above the narrow limit
+    ((2, 9, 3, 5), (6, 3, 2, 2), dict(group=3, strides=(1, 2), pads=(0, 1, 1, 0))),
+    ((1, 4, 6, 6), (8, 2, 3, 3), dict(group=2, pads=(1, 1, 1, 1))),
+    ((2, 16, 32), (32, 16, 3), dict(pads=(1, 1))),  # Whisper's stem, 1-D
+    ((2, 32, 32), (32, 32, 3), dict(pads=(1, 1), strides=(2,))),
+    ((1, 4, 9), (6, 2, 3), dict(group=2, dilations=(2,), pads=(2, 0))),
+    ((3, 3, 7), (2, 3, 2), dict(auto_pad="SAME_UPPER", strides=(2,))),
+]
+
+
+def _arrays(xs, ws, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(xs) * 2).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    return x, w, b
+
+
+def _attrs_2d(xs, ws, attrs):
+    """The attributes of a 1-D case as the 2-D ones the plan sees."""
+    if len(xs) == 4:
+        return xs, ws, attrs
+    a = dict(attrs)
+    for key, two in (("pads", lambda p: (0, p[0], 0, p[1])), ("strides", lambda s: (1, s[0])),
+                     ("dilations", lambda d: (1, d[0]))):
+        if key in a:
+            a[key] = two(a[key])
+    return (xs[0], xs[1], 1, xs[2]), (ws[0], ws[1], 1, ws[2]), a
+
+
+def _plan(xs, ws, attrs, itemsize=4):
+    xs, ws, a = _attrs_2d(xs, ws, attrs)
+    return conv._plan(xs, ws, itemsize, None, conv._key(a.get("strides")),
+                      conv._key(a.get("pads")), conv._key(a.get("dilations")),
+                      a.get("auto_pad", "NOTSET"), a.get("group", 1))
+
+
+def _torch(x, w, b, act, attrs):
+    """PyTorch's convolution: the ONNX pads (or auto_pad) made explicit with F.pad."""
+    nd = x.ndim - 2
+    k = w.shape[2:]
+    s, pb, pe, d, _, _ = _geometry(x.shape[2:], k, attrs.get("strides"), attrs.get("pads"),
+                                   attrs.get("dilations"), attrs.get("auto_pad", "NOTSET"))
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    tb = None if b is None else torch.from_numpy(b)
+    widths = []
+    for i in reversed(range(nd)):  # F.pad takes the last axis first
+        widths += [pb[i], pe[i]]
+    tx = torch.nn.functional.pad(tx, widths)
+    fn = torch.nn.functional.conv2d if nd == 2 else torch.nn.functional.conv1d
+    y = fn(tx, tw, tb, stride=s, dilation=d, groups=attrs.get("group", 1))
+    return TORCH_ACT[act](y).numpy()
+
+
+def _ours(x, w, b, act, attrs, out=None):
+    if act:
+        return conv.fused_conv(x, w, b, activation=act, out=out, **attrs)
+    return conv.conv(x, w, b, out=out, **attrs)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("xs, ws, attrs", CASES)
+def test_small_path_matches_torch(xs, ws, attrs, dtype):
+    assert _plan(xs, ws, attrs)[0] == conv._SMALL
+    x, w, b = _arrays(xs, ws, dtype)
+    for i, act in enumerate(ACTS):
+        for bias in (b, None):
+            want = _torch(x, w, bias, act, attrs)
+            got = _ours(x, w, bias, act, attrs)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_allclose(got, want, **TOL[dtype])
+            if i % 2 == 0:  # a planned buffer, NaN-filled: every element written
+                out = np.full(want.shape, np.nan, dtype)
+                assert _ours(x, w, bias, act, attrs, out=out) is out
+                np.testing.assert_allclose(out, want, **TOL[dtype])
+
+
+@pytest.fixture
+def columns_only(monkeypatch):
+    """Plans with the small path switched off (the columns and GEMM path)."""
+    def switch(on):
+        monkeypatch.setattr(conv, "_SMALL_MAX_WORK", 16384 if on else -1)
+        monkeypatch.setattr(conv, "_SMALL_MAX_WORK_WIDE", 98304 if on else -1)
+        conv._plan.cache_clear()
+        conv._PLANS.clear()
+    yield switch
+    conv._plan.cache_clear()
+    conv._PLANS.clear()
+
+
+@pytest.mark.parametrize("xs, ws, attrs", CASES)
+def test_small_path_matches_the_columns_path(xs, ws, attrs, columns_only):
+    x, w, b = _arrays(xs, ws, np.float32, seed=1)
+    got = conv.fused_conv(x, w, b, activation="Sigmoid", **attrs)
+    columns_only(False)
+    assert _plan(xs, ws, attrs)[0] != conv._SMALL
+    want = conv.fused_conv(x, w, b, activation="Sigmoid", **attrs)
+    columns_only(True)
+    np.testing.assert_allclose(got, want, **TOL[np.float32])
+    # and the reference kernel
+    np.testing.assert_allclose(conv.conv(x, w, None, **attrs),
+                               OPS["Conv"].kernel(x, w, None, **attrs), **TOL[np.float32])
+
+
+def test_relu_keeps_nan_and_infinities():
+    x, w, b = _arrays((2, 3, 6, 6), (4, 3, 3, 3), np.float32, seed=2)
+    x[0, 0, 0, 0] = np.nan
+    x[1, 2, 5, 5] = np.inf
+    x[1, 0, 0, 5] = -np.inf
+    attrs = dict(pads=(1, 1, 1, 1))
+    assert _plan(x.shape, w.shape, attrs)[0] == conv._SMALL
+    with np.errstate(invalid="ignore"):
+        want = OPS["FusedConv"].kernel(x, w, b, activation="Relu", **attrs)
+        got = conv.fused_conv(x, w, b, activation="Relu", **attrs)
+    assert np.isnan(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, **TOL[np.float32])
+
+
+def _site(kernel, inputs, attrs, consts):
+    generic = lambda *a, **k: kernel(*a, **attrs, **k)
+    y = generic(*inputs)
+    return CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
+                    tuple(a if i in consts else None for i, a in enumerate(inputs)),
+                    dict(attrs), (y.shape,), generic)
+
+
+@pytest.mark.parametrize("xs, ws, attrs", [CASES[0], CASES[3], CASES[-4], CASES[-2]])
+@pytest.mark.parametrize("consts", [(1, 2), ()], ids=["const", "inputs"])
+def test_specialized_call(xs, ws, attrs, consts):
+    """The specialized call of a small convolution: the one kernel on planned shapes (strided
+    inputs copied, constant weights used as they are, out= filled), the generic call for
+    other shapes, dtypes or a missing bias."""
+    x, w, b = _arrays(xs, ws, np.float32, seed=3)
+    attrs = dict(attrs, activation="Tanh")
+    site = _site(conv.fused_conv, [x, w, b], attrs, consts)
+    call = specialize(conv.fused_conv, site)
+    assert call is not None and call.__name__ == "conv_small_at"
+    want = _torch(x, w, b, "Tanh", attrs)
+    np.testing.assert_allclose(call(x, w, b), want, **TOL[np.float32])
+    big = np.full(x.shape[:-1] + (2 * x.shape[-1],), np.nan, np.float32)
+    big[..., ::2] = x
+    np.testing.assert_allclose(call(big[..., ::2], w.copy(), b.copy()), want, **TOL[np.float32])
+    out = np.full(want.shape, np.nan, np.float32)
+    assert call(x, w, b, out=out) is out
+    np.testing.assert_allclose(out, want, **TOL[np.float32])
+    x2 = np.concatenate([x, x[:1] + 1])  # another batch: the generic call
+    np.testing.assert_allclose(call(x2, w, b), _torch(x2, w, b, "Tanh", attrs),
+                               **TOL[np.float32])
+    x64, w64, b64 = (a.astype(np.float64) for a in (x, w, b))
+    got = call(x64, w64, b64)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, _torch(x64, w64, b64, "Tanh", attrs), **TOL[np.float64])
+    np.testing.assert_allclose(call(x, w, None), _torch(x, w, None, "Tanh", attrs),
+                               **TOL[np.float32])
+
+
+def test_which_convolutions_are_small():
+    """Small work takes the one-call kernel; wide output planes allow more work; large work,
+    and depthwise convolutions (kernels of their own), keep their paths."""
+    assert _plan((1, 4, 8, 8), (8, 4, 3, 3), dict(pads=(1, 1, 1, 1)))[0] == conv._SMALL
+    assert _plan((2, 8, 8, 8), (8, 8, 3, 3), dict(pads=(1, 1, 1, 1)))[0] == conv._SMALL
+    # 18432 multiply-adds over 8 output pixels: too narrow for more than _SMALL_MAX_WORK
+    assert _plan((2, 16, 2, 2), (16, 16, 3, 3), dict(pads=(1, 1, 1, 1)))[0] != conv._SMALL
+    assert _plan((2, 16, 8, 8), (16, 16, 3, 3), dict(pads=(1, 1, 1, 1)))[0] != conv._SMALL
+    assert _plan((2, 8, 8, 8), (8, 1, 3, 3), dict(group=8, pads=(1, 1, 1, 1)))[0] <= conv._DW
+    assert _plan((2, 4, 4, 4), (4, 4, 1, 1), {})[0] == conv._SMALL  # 1x1 too
