@@ -6,7 +6,7 @@ loops never test for padding; parallel over the N*C planes."""
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
 
@@ -144,6 +144,234 @@ def _avg_pool(x, out, h, w, oh, ow, dh, dw, sw, pl, h0, lo_h, hi_h, lo_q, hi_q, 
                 out[U(base + q)] = acc[U(q)] / (n_h[y] * n_w[q])
 
 
+# the (kernel height, kernel width, column stride) of the kernels compiled with these as
+# constants, for windows without dilation: the common geometries (ONNX zoo, torchvision)
+FIXED = frozenset({(3, 3, 1), (3, 3, 2), (2, 2, 1), (2, 2, 2)})
+
+
+@cache
+def _max_pool_fixed(kh, kw, sw):
+    """The MaxPool kernel of one (kh, kw, sw) in :data:`FIXED` (dilations 1): the loops over
+    the window are unrolled and the column loops vectorize. Row by row: the window's kh rows
+    reduced in one contiguous sweep into a column row padded on both sides with ``lowest``
+    (``pl`` before, up to ``wp`` after), then the kw taps of each output column read from it
+    without bounds tests. NaN wins as in np.maximum: the sweep carries it (a NaN-aware
+    select) and counts the row's NaN; a row holding one takes the NaN-aware taps."""
+    @jit(parallel=True)
+    def kernel(x, out, h, w, oh, ow, pl, wp, h0, lo_h, hi_h, lowest):
+        planes = out.shape[0] // (oh * ow)
+        for p in prange(planes):
+            src = p * h * w
+            dst = p * oh * ow
+            col = np.empty(wp, x.dtype)
+            for c in range(wp):
+                col[U(c)] = lowest
+            for y in range(oh):
+                lo = lo_h[y]
+                hi = hi_h[y]
+                first = src + (h0[y] + lo) * w
+                nan = 0
+                if hi - lo == kh:  # the whole window inside the image: one sweep
+                    for c in range(w):
+                        a = x[U(first + c)]
+                        for i in range(1, kh):
+                            v = x[U(first + i * w + c)]
+                            a = v if (v > a) | (v != v) else a
+                        col[U(pl + c)] = a
+                        nan += a != a
+                else:
+                    for c in range(w):
+                        col[U(pl + c)] = lowest
+                    for i in range(hi - lo):
+                        row = first + i * w
+                        for c in range(w):
+                            v = x[U(row + c)]
+                            a = col[U(pl + c)]
+                            col[U(pl + c)] = v if (v > a) | (v != v) else a
+                    for c in range(w):
+                        nan += col[U(pl + c)] != col[U(pl + c)]
+                base = dst + y * ow
+                if nan:
+                    for q in range(ow):
+                        a = col[U(q * sw)]
+                        for j in range(1, kw):
+                            v = col[U(q * sw + j)]
+                            a = v if (v > a) | (v != v) else a
+                        out[U(base + q)] = a
+                else:
+                    for q in range(ow):
+                        a = col[U(q * sw)]
+                        for j in range(1, kw):
+                            v = col[U(q * sw + j)]
+                            a = v if v > a else a
+                        out[U(base + q)] = a
+    return kernel
+
+
+@cache
+def _avg_pool_fixed(kh, kw, sw):
+    """The AveragePool kernel of one (kh, kw, sw) in :data:`FIXED`, laid out like
+    :func:`_max_pool_fixed` with a zero-padded column row. The sums run in the order of
+    :func:`_avg_pool` (rows first, then taps left to right; a padded tap adds an exact 0), so
+    both give the same values."""
+    @jit(parallel=True)
+    def kernel(x, out, h, w, oh, ow, pl, wp, h0, lo_h, hi_h, n_h, n_w, zero):
+        planes = out.shape[0] // (oh * ow)
+        for p in prange(planes):
+            src = p * h * w
+            dst = p * oh * ow
+            col = np.empty(wp, x.dtype)
+            for c in range(wp):
+                col[U(c)] = zero
+            for y in range(oh):
+                lo = lo_h[y]
+                hi = hi_h[y]
+                first = src + (h0[y] + lo) * w
+                if hi - lo == kh:
+                    for c in range(w):
+                        a = x[U(first + c)]
+                        for i in range(1, kh):
+                            a += x[U(first + i * w + c)]
+                        col[U(pl + c)] = a
+                else:
+                    for c in range(w):
+                        col[U(pl + c)] = zero
+                    for i in range(hi - lo):
+                        row = first + i * w
+                        for c in range(w):
+                            col[U(pl + c)] += x[U(row + c)]
+                base = dst + y * ow
+                n = n_h[y]
+                for q in range(ow):
+                    a = col[U(q * sw)]
+                    for j in range(1, kw):
+                        a += col[U(q * sw + j)]
+                    out[U(base + q)] = a / (n * n_w[q])
+    return kernel
+
+
+@cache
+def _max_pool_flat(kh, kw):
+    """The MaxPool kernel of a stride-1 (kh, kw) in :data:`FIXED` whose output is as wide as
+    its input (pads adding up to kw - 1 along the row, as in "same" pooling): each plane is
+    reduced in two sweeps along its flat extent, long loops that vectorize however narrow
+    the plane. Rows: the output rows whose window lies inside the image (``[ya, yb)``) in one
+    sweep into a scratch plane ``t``, the others row by row. Columns: ``out[i] = max of
+    t[i - pl + j]`` over the whole plane, then the ``kw - 1`` border columns of every row
+    recomputed from the taps inside the image. NaN wins as in np.maximum (the plane's NaN
+    count picks the NaN-aware sweep)."""
+    @jit(parallel=True)
+    def kernel(x, out, h, w, oh, pt, pl, lo_h, hi_h, ya, yb, lowest):
+        size = oh * w
+        planes = out.shape[0] // size
+        pr = kw - 1 - pl
+        left = min(pl, w)  # the columns before and after those whose taps are all inside
+        right = min(pr, w - left)
+        for p in prange(planes):
+            src = p * h * w
+            dst = p * size
+            t = np.empty(size, x.dtype)
+            nan = 0
+            for y in range(oh):
+                if ya <= y < yb:
+                    continue
+                row = y * w
+                for c in range(w):
+                    t[U(row + c)] = lowest
+                for i in range(lo_h[y], hi_h[y]):
+                    first = src + (y - pt + i) * w
+                    for c in range(w):
+                        v = x[U(first + c)]
+                        a = t[U(row + c)]
+                        t[U(row + c)] = v if (v > a) | (v != v) else a
+                for c in range(w):
+                    nan += t[U(row + c)] != t[U(row + c)]
+            first = src - pt * w
+            for i in range(ya * w, yb * w):
+                a = x[U(first + i)]
+                for r in range(1, kh):
+                    v = x[U(first + r * w + i)]
+                    a = v if (v > a) | (v != v) else a
+                t[U(i)] = a
+                nan += a != a
+            if nan:
+                for i in range(pl, size - pr):
+                    a = t[U(i - pl)]
+                    for j in range(1, kw):
+                        v = t[U(i - pl + j)]
+                        a = v if (v > a) | (v != v) else a
+                    out[U(dst + i)] = a
+            else:
+                for i in range(pl, size - pr):
+                    a = t[U(i - pl)]
+                    for j in range(1, kw):
+                        v = t[U(i - pl + j)]
+                        a = v if v > a else a
+                    out[U(dst + i)] = a
+            for y in range(oh):
+                row = y * w
+                for b in range(left + right):  # the border columns
+                    q = b if b < left else w - left - right + b
+                    a = lowest
+                    for j in range(kw):
+                        c = q - pl + j
+                        if 0 <= c < w:
+                            v = t[U(row + c)]
+                            a = v if (v > a) | (v != v) else a
+                    out[U(dst + row + q)] = a
+    return kernel
+
+
+@cache
+def _avg_pool_flat(kh, kw):
+    """The AveragePool kernel of the geometries :func:`_max_pool_flat` takes, laid out the
+    same way, with the window sums divided by ``count`` (the plane's counts, row-major). The
+    sums run in :func:`_avg_pool`'s order, so both give the same values."""
+    @jit(parallel=True)
+    def kernel(x, out, h, w, oh, pt, pl, lo_h, hi_h, ya, yb, count, zero):
+        size = oh * w
+        planes = out.shape[0] // size
+        pr = kw - 1 - pl
+        left = min(pl, w)  # the columns before and after those whose taps are all inside
+        right = min(pr, w - left)
+        for p in prange(planes):
+            src = p * h * w
+            dst = p * size
+            t = np.empty(size, x.dtype)
+            for y in range(oh):
+                if ya <= y < yb:
+                    continue
+                row = y * w
+                for c in range(w):
+                    t[U(row + c)] = zero
+                for i in range(lo_h[y], hi_h[y]):
+                    first = src + (y - pt + i) * w
+                    for c in range(w):
+                        t[U(row + c)] += x[U(first + c)]
+            first = src - pt * w
+            for i in range(ya * w, yb * w):
+                a = x[U(first + i)]
+                for r in range(1, kh):
+                    a += x[U(first + r * w + i)]
+                t[U(i)] = a
+            for i in range(pl, size - pr):
+                a = t[U(i - pl)]
+                for j in range(1, kw):
+                    a += t[U(i - pl + j)]
+                out[U(dst + i)] = a / count[U(i)]
+            for y in range(oh):
+                row = y * w
+                for b in range(left + right):  # the border columns
+                    q = b if b < left else w - left - right + b
+                    a = zero
+                    for j in range(kw):
+                        c = q - pl + j
+                        if 0 <= c < w:
+                            a += t[U(row + c)]
+                    out[U(dst + row + q)] = a / count[U(row + q)]
+    return kernel
+
+
 def _taps(size, k, s, pb, d, o):
     """Per kernel tap j along the row: the output columns [lo, hi) whose input column
     q*s - pb + j*d lies inside the image."""
@@ -199,11 +427,10 @@ def _tuple(v):
 def _setup(X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, include_pad=0,
            out=None):
     X = np.ascontiguousarray(X)
-    sizes, row, d, hy, wq, taps = _plan(X.shape, X.dtype, _tuple(kernel_shape), _tuple(strides),
-                                        _tuple(pads), _tuple(dilations), auto_pad, int(ceil_mode),
-                                        int(include_pad))
-    out = _out(out, (*X.shape[:2], sizes[2], sizes[3]), X.dtype)
-    return X, out, sizes, row, d, hy, wq, taps
+    plan = _plan(X.shape, X.dtype, _tuple(kernel_shape), _tuple(strides), _tuple(pads),
+                 _tuple(dilations), auto_pad, int(ceil_mode), int(include_pad))
+    out = _out(out, (*X.shape[:2], plan[0][2], plan[0][3]), X.dtype)
+    return X, out, plan
 
 
 def _out(out, shape, dtype):
@@ -225,17 +452,84 @@ def _tiles_2x2(kernel_shape, strides, sw, d, hy, wq) -> bool:
         _tuple(strides)[0] == 2
 
 
+def _fixed(kernel_shape, sw, d):
+    """(kh, kw, sw) when a call's geometry has a kernel compiled for it (:data:`FIXED`)."""
+    k = _tuple(kernel_shape)
+    if d != (1, 1) or len(k) != 2 or (*k, sw) not in FIXED:
+        return None
+    return (*k, sw)
+
+
+# per plan (keyed by its id, the plan kept alive so the id stays its own): what the flat
+# kernels need beyond it
+_FLAT: dict = {}
+
+
+def _flat(plan, fixed, strides):
+    """(pt, ya, yb, counts) for a call the flat kernels take (stride 1 along both axes, a
+    geometry in :data:`FIXED`, the output as wide as the input), None for the others: the
+    begin pad along the height, the output rows ``[ya, yb)`` whose window lies inside the
+    image, and the plane's averaging counts (row-major, in the plan's dtype)."""
+    (_h, w, _oh, ow), (sw, _pl), _d, hy, wq, _taps = plan
+    s = _tuple(strides)
+    if fixed is None or sw != 1 or (s is not None and s[0] != 1) or ow != w:
+        return None
+    got = _FLAT.get(id(plan))
+    if got is None or got[0] is not plan:
+        full = np.flatnonzero(hy[2] - hy[1] == fixed[0])
+        ya, yb = (int(full[0]), int(full[-1]) + 1) if full.size else (0, 0)
+        counts = np.multiply.outer(hy[3], wq[3]).reshape(-1)
+        counts.flags.writeable = False
+        if len(_FLAT) >= 256:
+            _FLAT.clear()
+        got = _FLAT[id(plan)] = (plan, (-int(hy[0][0]), ya, yb, counts))
+    return got[1]
+
+
+def _max_call(plan, kernel_shape, strides, dtype):
+    """The MaxPool kernel for one planned call and its arguments after (x, out)."""
+    (h, w, oh, ow), (sw, pl), d, hy, wq, taps = plan
+    lowest = dtype.type(-np.inf)
+    if _tiles_2x2(kernel_shape, strides, sw, d, hy, wq):
+        return _max_pool_2x2, (h, w, oh, ow)
+    fixed = _fixed(kernel_shape, sw, d)
+    flat = _flat(plan, fixed, strides)
+    if flat:
+        pt, ya, yb, _counts = flat
+        return _max_pool_flat(*fixed[:2]), (h, w, oh, pt, pl, hy[1], hy[2], ya, yb, lowest)
+    if fixed:
+        wp = max(pl + w, (ow - 1) * sw + fixed[1])
+        return _max_pool_fixed(*fixed), (h, w, oh, ow, pl, wp, hy[0], hy[1], hy[2], lowest)
+    return _max_pool, (h, w, oh, ow, d[0], d[1], sw, pl, hy[0], hy[1], hy[2], taps[0], taps[1],
+                       lowest)
+
+
+def _avg_call(plan, kernel_shape, strides, dtype):
+    """The AveragePool kernel for one planned call and its arguments after (x, out)."""
+    (h, w, oh, ow), (sw, pl), d, hy, wq, taps = plan
+    zero = dtype.type(0)
+    fixed = _fixed(kernel_shape, sw, d)
+    flat = _flat(plan, fixed, strides)
+    if flat:
+        pt, ya, yb, counts = flat
+        return _avg_pool_flat(*fixed[:2]), (h, w, oh, pt, pl, hy[1], hy[2], ya, yb, counts,
+                                            zero)
+    if fixed:
+        wp = max(pl + w, (ow - 1) * sw + fixed[1])
+        return _avg_pool_fixed(*fixed), (h, w, oh, ow, pl, wp, hy[0], hy[1], hy[2], hy[3],
+                                         wq[3], zero)
+    return _avg_pool, (h, w, oh, ow, d[0], d[1], sw, pl, hy[0], hy[1], hy[2], taps[0], taps[1],
+                       hy[3], wq[3], zero)
+
+
 def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=(), pads=None,
              storage_order=0, strides=None, out=None):
     """MaxPool; ``out``: the planned output buffer to fill and return (see the hookspec)."""
     sync_threads()
-    X, out, (h, w, oh, ow), (sw, pl), d, hy, wq, taps = _setup(
-        X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, out=out)
-    if out.size and _tiles_2x2(kernel_shape, strides, sw, d, hy, wq):
-        _pick(_max_pool_2x2)(X.reshape(-1), out.reshape(-1), h, w, oh, ow)
-    elif out.size:
-        _pick(_max_pool)(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl, hy[0],
-                         hy[1], hy[2], taps[0], taps[1], X.dtype.type(-np.inf))
+    X, out, plan = _setup(X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, out=out)
+    if out.size:
+        kernel, tail = _max_call(plan, kernel_shape, strides, X.dtype)
+        _pick(kernel)(X.reshape(-1), out.reshape(-1), *tail)
     return out
 
 
@@ -243,11 +537,11 @@ def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
                  kernel_shape=(), pads=None, strides=None, out=None):
     """AveragePool; ``out``: the planned output buffer to fill and return (see the hookspec)."""
     sync_threads()
-    X, out, (h, w, oh, ow), (sw, pl), d, hy, wq, taps = _setup(
-        X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, count_include_pad, out)
+    X, out, plan = _setup(X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode,
+                          count_include_pad, out)
     if out.size:
-        _pick(_avg_pool)(X.reshape(-1), out.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl, hy[0],
-                         hy[1], hy[2], taps[0], taps[1], hy[3], wq[3], X.dtype.type(0))
+        kernel, tail = _avg_call(plan, kernel_shape, strides, X.dtype)
+        _pick(kernel)(X.reshape(-1), out.reshape(-1), *tail)
     return out
 
 
@@ -480,18 +774,13 @@ def _max_pool_at(site: CallSite):
     planned = _planned(site)
     if planned is None:
         return None
-    shape, dtype, oshape, ((h, w, oh, ow), (sw, pl), d, hy, wq, taps) = planned
-    a, generic = site.attrs, site.generic
+    shape, dtype, oshape, plan = planned
     try:
-        two = _tiles_2x2(a.get("kernel_shape", ()), a.get("strides"), sw, d, hy, wq)
-    except Exception:
+        kernel, tail = _max_call(plan, site.attrs.get("kernel_shape", ()),
+                                 site.attrs.get("strides"), dtype)
+    except Exception:  # attributes the generic call refuses: it names the problem
         return None
-    if two:
-        kernel, tail = _max_pool_2x2, (h, w, oh, ow)
-    else:
-        kernel, tail = _max_pool, (h, w, oh, ow, d[0], d[1], sw, pl, hy[0], hy[1], hy[2],
-                                   taps[0], taps[1], dtype.type(-np.inf))
-    return _pool_at(shape, dtype, oshape, kernel, -1, -1, tail, generic)
+    return _pool_at(shape, dtype, oshape, kernel, -1, -1, tail, site.generic)
 
 
 @specializer(average_pool)
@@ -500,10 +789,13 @@ def _average_pool_at(site: CallSite):
     planned = _planned(site, site.attrs.get("count_include_pad", 0))
     if planned is None:
         return None
-    shape, dtype, oshape, ((h, w, oh, ow), (sw, pl), d, hy, wq, taps) = planned
-    tail = (h, w, oh, ow, d[0], d[1], sw, pl, hy[0], hy[1], hy[2], taps[0], taps[1], hy[3],
-            wq[3], dtype.type(0))
-    return _pool_at(shape, dtype, oshape, _avg_pool, -1, -1, tail, site.generic)
+    shape, dtype, oshape, plan = planned
+    try:
+        kernel, tail = _avg_call(plan, site.attrs.get("kernel_shape", ()),
+                                 site.attrs.get("strides"), dtype)
+    except Exception:  # attributes the generic call refuses: it names the problem
+        return None
+    return _pool_at(shape, dtype, oshape, kernel, -1, -1, tail, site.generic)
 
 
 @specializer(global_average_pool)

@@ -1,0 +1,188 @@
+"""The MaxPool/AveragePool kernels compiled per geometry (pool.FIXED: the padded-row kernels and,
+for stride 1 with the output as wide as the input, the flat-plane kernels): each geometry is
+checked to reach the kernel it is meant for, then compared with the reference kernel and with
+PyTorch on odd sizes, ceil_mode, asymmetric and large pads, count_include_pad 0/1, NaN and
+infinities, float32 and float64, with and without out=, serially and in parallel, and through
+the plan-time specializer (an input of another shape takes the generic call)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+
+from onemodel.numba import pool
+from onemodel.tensors.ops import OPS
+from onemodel.tensors.ops.specialize import CallSite, specialize
+
+TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-11, atol=1e-11)}
+FLAT, FIXED, GENERIC = "flat", "fixed", "generic"
+
+# (input shape, attributes, the kernel the MaxPool and AveragePool calls must reach)
+GEOMETRIES = [
+    ((2, 3, 13, 11), dict(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)), FIXED),
+    ((2, 3, 11, 13), dict(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1), FIXED),
+    ((1, 2, 12, 12), dict(kernel_shape=(3, 3), strides=(2, 2), pads=(0, 0, 1, 1)), FIXED),
+    ((1, 3, 9, 10), dict(kernel_shape=(3, 3), strides=(2, 2), auto_pad="SAME_UPPER"), FIXED),
+    ((1, 2, 9, 9), dict(kernel_shape=(3, 3), strides=(1, 2), pads=(2, 1, 0, 2), ceil_mode=1),
+     FIXED),
+    ((2, 2, 8, 9), dict(kernel_shape=(3, 3), strides=(2, 1), pads=(1, 1, 1, 1)), FIXED),
+    ((1, 3, 7, 9), dict(kernel_shape=(3, 3)), FIXED),  # stride 1, narrower output
+    ((2, 3, 9, 7), dict(kernel_shape=(2, 2), strides=(2, 2), ceil_mode=1), FIXED),
+    ((1, 2, 6, 6), dict(kernel_shape=(2, 2), strides=(2, 2), pads=(1, 1, 1, 1)), FIXED),
+    ((2, 3, 13, 11), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), FLAT),
+    ((2, 3, 13, 11), dict(kernel_shape=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), ceil_mode=1),
+     FLAT),
+    ((1, 2, 5, 7), dict(kernel_shape=(3, 3), pads=(0, 2, 2, 0)), FLAT),
+    ((1, 2, 7, 5), dict(kernel_shape=(3, 3), pads=(2, 0, 0, 2)), FLAT),
+    ((1, 2, 6, 6), dict(kernel_shape=(3, 3), pads=(3, 1, 3, 1)), FLAT),  # rows all padding
+    ((3, 2, 4, 1), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), FLAT),  # one column
+    ((2, 2, 1, 2), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), FLAT),  # one row
+    ((1, 2, 2, 2), dict(kernel_shape=(3, 3), auto_pad="SAME_LOWER"), FLAT),
+    ((2, 3, 7, 8), dict(kernel_shape=(2, 2), pads=(0, 0, 1, 1)), FLAT),
+    ((2, 3, 7, 8), dict(kernel_shape=(2, 2), pads=(1, 1, 0, 0)), FLAT),
+    ((1, 4, 9, 11), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), dilations=(2, 1)), GENERIC),
+    ((1, 4, 9, 11), dict(kernel_shape=(3, 3), strides=(3, 3)), GENERIC),
+]
+IDS = [f"{kind}-{i}" for i, (_, _, kind) in enumerate(GEOMETRIES)]
+OPS_UNDER_TEST = [("MaxPool", pool.max_pool, {}),
+                  ("AveragePool", pool.average_pool, dict(count_include_pad=0)),
+                  ("AveragePool", pool.average_pool, dict(count_include_pad=1))]
+OP_IDS = ["max", "avg", "avg-include-pad"]
+
+
+def _input(shape, dtype, seed=0, special=False):
+    x = (np.random.default_rng(seed).standard_normal(shape) * 3).astype(dtype)
+    if special:  # NaN inside, on a border column and a border row; infinities; a clean plane
+        h, w = shape[2:]
+        x[0, 0, h // 2, w // 2] = np.nan
+        x[0, 1, h - 1, 0] = np.nan
+        x[0, 1, 0, w - 1] = np.inf
+        x[-1, -1, 0, 0] = -np.inf
+        x[-1, -1, h - 1, w - 1] = np.nan
+    return x
+
+
+def _reached(op, x, attrs) -> str:
+    """Which kernel a generic call of these attributes runs."""
+    a = dict(attrs)
+    include = a.pop("count_include_pad", 0)
+    plan = pool._plan(x.shape, x.dtype, pool._tuple(a["kernel_shape"]),
+                      pool._tuple(a.get("strides")), pool._tuple(a.get("pads")),
+                      pool._tuple(a.get("dilations")), a.get("auto_pad", "NOTSET"),
+                      int(a.get("ceil_mode", 0)), int(include))
+    if op == "MaxPool":
+        kernel, _ = pool._max_call(plan, a["kernel_shape"], a.get("strides"), x.dtype)
+    else:
+        kernel, _ = pool._avg_call(plan, a["kernel_shape"], a.get("strides"), x.dtype)
+    if kernel in (pool._max_pool, pool._avg_pool):
+        return GENERIC
+    k = pool._tuple(a["kernel_shape"])
+    if kernel in (pool._max_pool_flat(*k), pool._avg_pool_flat(*k)):
+        return FLAT
+    return FIXED
+
+
+def _check(op, got, want, dtype):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if op == "MaxPool":  # a max picks one of its inputs: exactly the reference's
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("op,kernel,extra", OPS_UNDER_TEST, ids=OP_IDS)
+@pytest.mark.parametrize("shape,attrs,kind", GEOMETRIES, ids=IDS)
+def test_matches_the_reference(shape, attrs, kind, op, kernel, extra, dtype):
+    attrs = {**attrs, **extra}
+    x = _input(shape, dtype, special=True)
+    assert _reached(op, x, attrs) == kind
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = OPS[op].kernel(x, **attrs)
+        _check(op, kernel(x, **attrs), want, dtype)
+        out = np.full(want.shape, np.nan, dtype)
+        assert kernel(x, **attrs, out=out) is out
+        _check(op, out, want, dtype)
+        _check(op, kernel(_input(shape, dtype), **attrs),
+               OPS[op].kernel(_input(shape, dtype), **attrs), dtype)
+
+
+@pytest.mark.parametrize("op,kernel,extra", OPS_UNDER_TEST, ids=OP_IDS)
+@pytest.mark.parametrize("shape,attrs,kind", GEOMETRIES, ids=IDS)
+def test_parallel_variant_matches_the_serial_one(shape, attrs, kind, op, kernel, extra,
+                                                 parallel_variants):
+    """Bit for bit: the parallel variant splits the planes, not the sums."""
+    attrs = {**attrs, **extra}
+    x = _input(shape, np.float32, seed=1, special=True)
+    got = kernel(x, **attrs)
+    serial = (pool._max_call if op == "MaxPool" else pool._avg_call)
+    plan = pool._plan(x.shape, x.dtype, pool._tuple(attrs["kernel_shape"]),
+                      pool._tuple(attrs.get("strides")), pool._tuple(attrs.get("pads")),
+                      pool._tuple(attrs.get("dilations")), attrs.get("auto_pad", "NOTSET"),
+                      int(attrs.get("ceil_mode", 0)), int(attrs.get("count_include_pad", 0)))
+    k, tail = serial(plan, attrs["kernel_shape"], attrs.get("strides"), x.dtype)
+    want = np.empty_like(got)
+    k.serial(x.reshape(-1), want.reshape(-1), *tail)
+    assert got.tobytes() == want.tobytes()
+
+
+TORCH_CASES = [(shape, attrs) for shape, attrs, kind in GEOMETRIES
+               if kind != GENERIC and "auto_pad" not in attrs
+               and len(set(attrs.get("pads", (0, 0, 0, 0))[::2])) == 1
+               and len(set(attrs.get("pads", (0, 0, 0, 0))[1::2])) == 1
+               and all(p <= k // 2 for p, k in zip(attrs.get("pads", (0, 0))[:2],
+                                                    attrs["kernel_shape"]))]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("op,kernel,extra", OPS_UNDER_TEST, ids=OP_IDS)
+@pytest.mark.parametrize("shape,attrs", TORCH_CASES)
+def test_matches_torch(shape, attrs, op, kernel, extra, dtype):
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    x = _input(shape, dtype, seed=2, special=op == "MaxPool")
+    k, s = attrs["kernel_shape"], attrs.get("strides", (1, 1))
+    pad = tuple(attrs.get("pads", (0, 0, 0, 0))[:2])
+    ceil = bool(attrs.get("ceil_mode", 0))
+    t = torch.from_numpy(x)
+    if op == "MaxPool":
+        want = F.max_pool2d(t, k, s, pad, ceil_mode=ceil).numpy()
+    else:
+        want = F.avg_pool2d(t, k, s, pad, ceil_mode=ceil,
+                            count_include_pad=bool(extra["count_include_pad"])).numpy()
+    got = kernel(x, **attrs, **extra)
+    if op == "MaxPool":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, **TOL[dtype])
+
+
+SPECIALIZED = [(shape, attrs) for shape, attrs, kind in GEOMETRIES if kind != GENERIC][::3]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("op,kernel,extra", OPS_UNDER_TEST, ids=OP_IDS)
+@pytest.mark.parametrize("shape,attrs", SPECIALIZED)
+def test_specialized_call_equals_the_generic_one(shape, attrs, op, kernel, extra, dtype):
+    """The plan-time specializer runs the same kernel bit for bit, with and without out=; an
+    input of another shape or dtype takes the generic call."""
+    attrs = {**attrs, **extra}
+    x = _input(shape, dtype, seed=3, special=True)
+    generic = partial(kernel, **attrs)
+    want = generic(x)
+    call = specialize(kernel, CallSite((x.shape,), (x.dtype,), (None,), dict(attrs),
+                                       (want.shape,), generic))
+    assert call is not None
+    assert call(x).tobytes() == want.tobytes()
+    out = np.full(want.shape, np.nan, dtype)
+    assert call(x, out=out) is out and out.tobytes() == want.tobytes()
+    strided = np.empty(shape[:-1] + (2 * shape[-1],), dtype)[..., ::2]
+    strided[...] = x
+    assert call(strided).tobytes() == want.tobytes()
+    grown = np.concatenate([x, x[:1, :, :, :]], axis=0)[:, :, :, :-1].copy()  # another shape
+    assert call(grown).tobytes() == generic(grown).tobytes()
+    other = x.astype(np.float64 if dtype == np.float32 else np.float32)
+    assert call(other).tobytes() == generic(other).tobytes()
