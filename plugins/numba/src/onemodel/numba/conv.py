@@ -5,7 +5,9 @@ pixels) or the weights too big to stay cached between images, ONE GEMM over the 
 the images side by side, so the weights are read once, its (M, N*oh*ow) result scattered to
 NCHW by numba. Bias and activation are applied in the same pass as the scatter (or in one pass
 over the output). 1x1 stride-1 convolutions skip the columns: the input already is the GEMM
-operand. Depthwise convolutions, where a GEMM has nothing to chew on, are direct numba loops:
+operand. Small convolutions (a few tens of thousands of multiply-adds), where the calls around
+BLAS cost more than the arithmetic, are one numba call doing columns, products, bias and
+activation. Depthwise convolutions, where a GEMM has nothing to chew on, are direct numba loops:
 channels-last for small planes with many channels, a table of the taps that land inside the
 image for other small planes, a zero-padded plane (or its stride phases) per channel else; their
 gradients use the tap table. What a (shapes, attributes) signature needs (geometry, path,
@@ -466,40 +468,117 @@ def _small_conv(x, wt, bias, t, out):
                         else:
                             for q in range(qlo, qhi):
                                 cols[U(dst + q)] = xf[U(src + q * sw)]
-    res = np.empty(width, out.dtype)
-    for m in range(m_out):
-        bv = bias[m] if has_bias else zero
-        for p in range(width):
-            res[U(p)] = bv
-        cb = (m // mg) * rows_g * width
-        wb = m * rows_g
-        quads = rows_g // 4
-        for r4 in range(quads):  # four column rows per pass over the result row
-            r = 4 * r4
-            w0, w1 = wf[U(wb + r)], wf[U(wb + r + 1)]
-            w2, w3 = wf[U(wb + r + 2)], wf[U(wb + r + 3)]
-            s0 = cb + r * width
-            for p in range(width):
-                res[U(p)] += (w0 * cols[U(s0 + p)] + w1 * cols[U(s0 + width + p)]) + (
-                    w2 * cols[U(s0 + 2 * width + p)] + w3 * cols[U(s0 + 3 * width + p)])
-        for r in range(4 * quads, rows_g):
-            wv = wf[U(wb + r)]
-            src = cb + r * width
-            for p in range(width):
-                res[U(p)] += wv * cols[U(src + p)]
-        for n in range(n_img):
-            ob = (n * m_out + m) * length
-            rb = n * length
-            if act == 0:
-                for p in range(length):
-                    of[U(ob + p)] = res[U(rb + p)]
-            elif act == 1:
-                for p in range(length):
-                    v = res[U(rb + p)]
-                    of[U(ob + p)] = zero if v < zero else v
+    res = np.empty(4 * width, out.dtype)
+    for g in range(group):
+        cb = g * rows_g * width
+        m = g * mg
+        while m < (g + 1) * mg:
+            # four (or two) output channels share each pass over the columns
+            block = min(4 if mg - m % mg >= 4 else 2, (g + 1) * mg - m)
+            for mm in range(block):
+                bv = bias[m + mm] if has_bias else zero
+                for p in range(width):
+                    res[U(mm * width + p)] = bv
+            if block == 4:
+                _rows_times_columns4(res, cols, wf, m * rows_g, rows_g, cb, width)
+            elif block == 2:
+                _rows_times_columns2(res, cols, wf, m * rows_g, rows_g, cb, width)
             else:
-                for p in range(length):
-                    of[U(ob + p)] = _activate(res[U(rb + p)], act, zero)
+                _rows_times_columns(res, cols, wf, m * rows_g, rows_g, cb, width)
+            for mm in range(block):
+                for n in range(n_img):
+                    ob = (n * m_out + m + mm) * length
+                    rb = mm * width + n * length
+                    if act == 0:
+                        for p in range(length):
+                            of[U(ob + p)] = res[U(rb + p)]
+                    elif act == 1:
+                        for p in range(length):
+                            v = res[U(rb + p)]
+                            of[U(ob + p)] = zero if v < zero else v
+                    else:
+                        for p in range(length):
+                            of[U(ob + p)] = _activate(res[U(rb + p)], act, zero)
+            m += block
+
+
+@jit()
+def _rows_times_columns(res, cols, wf, wb, rows, cb, width):
+    """res[:width] += the weights wf[wb:wb + rows] times the column rows from ``cb`` on: four
+    column rows per pass over the result row (fewer loads and stores of it)."""
+    quads = rows // 4
+    for r4 in range(quads):
+        r = 4 * r4
+        w0, w1 = wf[U(wb + r)], wf[U(wb + r + 1)]
+        w2, w3 = wf[U(wb + r + 2)], wf[U(wb + r + 3)]
+        s0 = cb + r * width
+        for p in range(width):
+            res[U(p)] += (w0 * cols[U(s0 + p)] + w1 * cols[U(s0 + width + p)]) + (
+                w2 * cols[U(s0 + 2 * width + p)] + w3 * cols[U(s0 + 3 * width + p)])
+    for r in range(4 * quads, rows):
+        wv = wf[U(wb + r)]
+        s0 = cb + r * width
+        for p in range(width):
+            res[U(p)] += wv * cols[U(s0 + p)]
+
+
+@jit()
+def _rows_times_columns4(res, cols, wf, wb, rows, cb, width):
+    """:func:`_rows_times_columns` for four output channels at once (weights wb + k*rows,
+    results res[k*width:(k+1)*width]), two column rows per pass."""
+    for r2 in range(rows // 2):
+        r = 2 * r2
+        a0, a1 = wf[U(wb + r)], wf[U(wb + r + 1)]
+        b0, b1 = wf[U(wb + rows + r)], wf[U(wb + rows + r + 1)]
+        c0, c1 = wf[U(wb + 2 * rows + r)], wf[U(wb + 2 * rows + r + 1)]
+        d0, d1 = wf[U(wb + 3 * rows + r)], wf[U(wb + 3 * rows + r + 1)]
+        s0 = cb + r * width
+        for p in range(width):
+            x0 = cols[U(s0 + p)]
+            x1 = cols[U(s0 + width + p)]
+            res[U(p)] += a0 * x0 + a1 * x1
+            res[U(width + p)] += b0 * x0 + b1 * x1
+            res[U(2 * width + p)] += c0 * x0 + c1 * x1
+            res[U(3 * width + p)] += d0 * x0 + d1 * x1
+    if rows % 2:
+        r = rows - 1
+        a0, b0 = wf[U(wb + r)], wf[U(wb + rows + r)]
+        c0, d0 = wf[U(wb + 2 * rows + r)], wf[U(wb + 3 * rows + r)]
+        s0 = cb + r * width
+        for p in range(width):
+            x0 = cols[U(s0 + p)]
+            res[U(p)] += a0 * x0
+            res[U(width + p)] += b0 * x0
+            res[U(2 * width + p)] += c0 * x0
+            res[U(3 * width + p)] += d0 * x0
+
+
+@jit()
+def _rows_times_columns2(res, cols, wf, wb, rows, cb, width):
+    """:func:`_rows_times_columns` for two output channels at once (weights wb and
+    wb + rows, results res[:width] and res[width:]): each column load serves both."""
+    quads = rows // 4
+    for r4 in range(quads):
+        r = 4 * r4
+        w0, w1 = wf[U(wb + r)], wf[U(wb + r + 1)]
+        w2, w3 = wf[U(wb + r + 2)], wf[U(wb + r + 3)]
+        v0, v1 = wf[U(wb + rows + r)], wf[U(wb + rows + r + 1)]
+        v2, v3 = wf[U(wb + rows + r + 2)], wf[U(wb + rows + r + 3)]
+        s0 = cb + r * width
+        for p in range(width):
+            c0 = cols[U(s0 + p)]
+            c1 = cols[U(s0 + width + p)]
+            c2 = cols[U(s0 + 2 * width + p)]
+            c3 = cols[U(s0 + 3 * width + p)]
+            res[U(p)] += (w0 * c0 + w1 * c1) + (w2 * c2 + w3 * c3)
+            res[U(width + p)] += (v0 * c0 + v1 * c1) + (v2 * c2 + v3 * c3)
+    for r in range(4 * quads, rows):
+        w0, v0 = wf[U(wb + r)], wf[U(wb + rows + r)]
+        s0 = cb + r * width
+        for p in range(width):
+            c0 = cols[U(s0 + p)]
+            res[U(p)] += w0 * c0
+            res[U(width + p)] += v0 * c0
 
 
 def _reach(size, out_size, k, s, p, d):
