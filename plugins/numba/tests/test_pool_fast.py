@@ -1,9 +1,10 @@
-"""The MaxPool/AveragePool kernels compiled per geometry (pool.FIXED: the padded-row kernels and,
-for stride 1 with the output as wide as the input, the flat-plane kernels): each geometry is
-checked to reach the kernel it is meant for, then compared with the reference kernel and with
-PyTorch on odd sizes, ceil_mode, asymmetric and large pads, count_include_pad 0/1, NaN and
-infinities, float32 and float64, with and without out=, serially and in parallel, and through
-the plan-time specializer (an input of another shape takes the generic call)."""
+"""The MaxPool/AveragePool kernels compiled per geometry (pool.FIXED: the padded-row kernels
+and, for stride 1 with the output of the input's shape, the "same" kernels sweeping groups of
+planes): each geometry is checked to reach the kernel it is meant for, then compared with the
+reference kernel and with PyTorch on odd sizes, ceil_mode, asymmetric and large pads,
+count_include_pad 0/1, NaN and infinities, float32 and float64, with and without out=,
+serially and in parallel, and through the plan-time specializer (an input of another shape
+takes the generic call)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
 TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-11, atol=1e-11)}
-FLAT, FIXED, GENERIC = "flat", "fixed", "generic"
+SAME, FIXED, GENERIC = "same", "fixed", "generic"
 
 # (input shape, attributes, the kernel the MaxPool and AveragePool calls must reach)
 GEOMETRIES = [
@@ -31,17 +32,19 @@ GEOMETRIES = [
     ((1, 3, 7, 9), dict(kernel_shape=(3, 3)), FIXED),  # stride 1, narrower output
     ((2, 3, 9, 7), dict(kernel_shape=(2, 2), strides=(2, 2), ceil_mode=1), FIXED),
     ((1, 2, 6, 6), dict(kernel_shape=(2, 2), strides=(2, 2), pads=(1, 1, 1, 1)), FIXED),
-    ((2, 3, 13, 11), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), FLAT),
+    ((2, 3, 13, 11), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), SAME),
     ((2, 3, 13, 11), dict(kernel_shape=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), ceil_mode=1),
-     FLAT),
-    ((1, 2, 5, 7), dict(kernel_shape=(3, 3), pads=(0, 2, 2, 0)), FLAT),
-    ((1, 2, 7, 5), dict(kernel_shape=(3, 3), pads=(2, 0, 0, 2)), FLAT),
-    ((1, 2, 6, 6), dict(kernel_shape=(3, 3), pads=(3, 1, 3, 1)), FLAT),  # rows all padding
-    ((3, 2, 4, 1), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), FLAT),  # one column
-    ((2, 2, 1, 2), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), FLAT),  # one row
-    ((1, 2, 2, 2), dict(kernel_shape=(3, 3), auto_pad="SAME_LOWER"), FLAT),
-    ((2, 3, 7, 8), dict(kernel_shape=(2, 2), pads=(0, 0, 1, 1)), FLAT),
-    ((2, 3, 7, 8), dict(kernel_shape=(2, 2), pads=(1, 1, 0, 0)), FLAT),
+     SAME),
+    ((1, 2, 5, 7), dict(kernel_shape=(3, 3), pads=(0, 2, 2, 0)), SAME),
+    ((1, 2, 7, 5), dict(kernel_shape=(3, 3), pads=(2, 0, 0, 2)), SAME),
+    ((1, 2, 6, 6), dict(kernel_shape=(3, 3), pads=(3, 1, 3, 1)), FIXED),  # rows all padding
+    ((2, 150, 5, 6), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), SAME),  # groups of planes
+    ((1, 3, 1, 1), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), SAME),
+    ((3, 2, 4, 1), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), SAME),  # one column
+    ((2, 2, 1, 2), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), SAME),  # one row
+    ((1, 2, 2, 2), dict(kernel_shape=(3, 3), auto_pad="SAME_LOWER"), SAME),
+    ((2, 3, 7, 8), dict(kernel_shape=(2, 2), pads=(0, 0, 1, 1)), SAME),
+    ((2, 3, 7, 8), dict(kernel_shape=(2, 2), pads=(1, 1, 0, 0)), SAME),
     ((1, 4, 9, 11), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), dilations=(2, 1)), GENERIC),
     ((1, 4, 9, 11), dict(kernel_shape=(3, 3), strides=(3, 3)), GENERIC),
 ]
@@ -79,8 +82,8 @@ def _reached(op, x, attrs) -> str:
     if kernel in (pool._max_pool, pool._avg_pool):
         return GENERIC
     k = pool._tuple(a["kernel_shape"])
-    if kernel in (pool._max_pool_flat(*k), pool._avg_pool_flat(*k)):
-        return FLAT
+    if kernel in (pool._max_pool_same(*k), pool._avg_pool_same(*k)):
+        return SAME
     return FIXED
 
 
@@ -182,7 +185,7 @@ def test_specialized_call_equals_the_generic_one(shape, attrs, op, kernel, extra
     strided = np.empty(shape[:-1] + (2 * shape[-1],), dtype)[..., ::2]
     strided[...] = x
     assert call(strided).tobytes() == want.tobytes()
-    grown = np.concatenate([x, x[:1, :, :, :]], axis=0)[:, :, :, :-1].copy()  # another shape
-    assert call(grown).tobytes() == generic(grown).tobytes()
+    for grown in (np.concatenate([x, x[:1]]), np.concatenate([x, x[..., :1]], axis=-1)):
+        assert call(grown).tobytes() == generic(grown).tobytes()  # other shapes
     other = x.astype(np.float64 if dtype == np.float32 else np.float32)
     assert call(other).tobytes() == generic(other).tobytes()

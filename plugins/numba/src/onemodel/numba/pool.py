@@ -251,124 +251,143 @@ def _avg_pool_fixed(kh, kw, sw):
 
 
 @cache
-def _max_pool_flat(kh, kw):
-    """The MaxPool kernel of a stride-1 (kh, kw) in :data:`FIXED` whose output is as wide as
-    its input (pads adding up to kw - 1 along the row, as in "same" pooling): each plane is
-    reduced in two sweeps along its flat extent, long loops that vectorize however narrow
-    the plane. Rows: the output rows whose window lies inside the image (``[ya, yb)``) in one
-    sweep into a scratch plane ``t``, the others row by row. Columns: ``out[i] = max of
-    t[i - pl + j]`` over the whole plane, then the ``kw - 1`` border columns of every row
-    recomputed from the taps inside the image. NaN wins as in np.maximum (the plane's NaN
-    count picks the NaN-aware sweep)."""
+def _max_pool_same(kh, kw):
+    """The MaxPool kernel of a stride-1 (kh, kw) in :data:`FIXED` whose output has its
+    input's shape (pads adding up to kh - 1 and kw - 1): a group of ``group`` planes is
+    reduced in two sweeps along its flat extent, long loops that vectorize however small the
+    planes. Rows: ``t[i] = max of x[i + (r - pt) * w]`` over the group, then each plane's
+    ``kh - 1`` border rows (read across plane borders by the sweep) redone from the rows
+    inside the image. Columns: ``out[i] = max of t[i - pl + j]``, then the ``kw - 1`` border
+    columns of every row redone from the taps inside the image. NaN wins as in np.maximum
+    (the group's NaN count picks the NaN-aware column sweep)."""
     @jit(parallel=True)
-    def kernel(x, out, h, w, oh, pt, pl, lo_h, hi_h, ya, yb, lowest):
-        size = oh * w
+    def kernel(x, out, h, w, pt, pl, lo_h, hi_h, group, lowest):
+        size = h * w
         planes = out.shape[0] // size
+        pb = kh - 1 - pt
         pr = kw - 1 - pl
-        left = min(pl, w)  # the columns before and after those whose taps are all inside
+        top = min(pt, h)  # the border rows and columns: those whose window leaves the image
+        bottom = min(pb, h - top)
+        left = min(pl, w)
         right = min(pr, w - left)
-        for p in prange(planes):
-            src = p * h * w
-            dst = p * size
-            t = np.empty(size, x.dtype)
+        for g in prange((planes + group - 1) // group):
+            p0 = g * group
+            rows = (min(planes, p0 + group) - p0) * h
+            n = rows * w
+            base = p0 * size
+            t = np.empty(n, x.dtype)
             nan = 0
-            for y in range(oh):
-                if ya <= y < yb:
-                    continue
-                row = y * w
-                for c in range(w):
-                    t[U(row + c)] = lowest
-                for i in range(lo_h[y], hi_h[y]):
-                    first = src + (y - pt + i) * w
-                    for c in range(w):
-                        v = x[U(first + c)]
-                        a = t[U(row + c)]
-                        t[U(row + c)] = v if (v > a) | (v != v) else a
-                for c in range(w):
-                    nan += t[U(row + c)] != t[U(row + c)]
-            first = src - pt * w
-            for i in range(ya * w, yb * w):
-                a = x[U(first + i)]
+            for i in range(pt * w, n - pb * w):
+                a = x[U(base + i - pt * w)]
                 for r in range(1, kh):
-                    v = x[U(first + r * w + i)]
+                    v = x[U(base + i + (r - pt) * w)]
                     a = v if (v > a) | (v != v) else a
                 t[U(i)] = a
                 nan += a != a
+            for p in range(rows // h):
+                for b in range(top + bottom):
+                    y = b if b < top else h - top - bottom + b
+                    row = p * size + y * w
+                    first = base + p * size + (y - pt + lo_h[y]) * w
+                    for c in range(w):
+                        t[U(row + c)] = x[U(first + c)]
+                    for r in range(1, hi_h[y] - lo_h[y]):
+                        for c in range(w):
+                            v = x[U(first + r * w + c)]
+                            a = t[U(row + c)]
+                            t[U(row + c)] = v if (v > a) | (v != v) else a
+                    for c in range(w):
+                        nan += t[U(row + c)] != t[U(row + c)]
             if nan:
-                for i in range(pl, size - pr):
+                for i in range(pl, n - pr):
                     a = t[U(i - pl)]
                     for j in range(1, kw):
                         v = t[U(i - pl + j)]
                         a = v if (v > a) | (v != v) else a
-                    out[U(dst + i)] = a
+                    out[U(base + i)] = a
             else:
-                for i in range(pl, size - pr):
+                for i in range(pl, n - pr):
                     a = t[U(i - pl)]
                     for j in range(1, kw):
                         v = t[U(i - pl + j)]
                         a = v if v > a else a
-                    out[U(dst + i)] = a
-            for y in range(oh):
-                row = y * w
-                for b in range(left + right):  # the border columns
-                    q = b if b < left else w - left - right + b
-                    a = lowest
-                    for j in range(kw):
-                        c = q - pl + j
-                        if 0 <= c < w:
-                            v = t[U(row + c)]
-                            a = v if (v > a) | (v != v) else a
-                    out[U(dst + row + q)] = a
+                    out[U(base + i)] = a
+            for b in range(left + right):
+                q = b if b < left else w - left - right + b
+                jlo = max(0, pl - q)
+                jhi = min(kw, w + pl - q)
+                for r in range(rows):
+                    at = r * w + q - pl
+                    a = t[U(at + jlo)]
+                    for j in range(jlo + 1, jhi):
+                        v = t[U(at + j)]
+                        a = v if (v > a) | (v != v) else a
+                    out[U(base + r * w + q)] = a
     return kernel
 
 
 @cache
-def _avg_pool_flat(kh, kw):
-    """The AveragePool kernel of the geometries :func:`_max_pool_flat` takes, laid out the
-    same way, with the window sums divided by ``count`` (the plane's counts, row-major). The
-    sums run in :func:`_avg_pool`'s order, so both give the same values."""
+def _avg_pool_same(kh, kw):
+    """The AveragePool kernel of the geometries :func:`_max_pool_same` takes, laid out the
+    same way: the column sweep divides by ``whole`` (a window inside the image: kh * kw
+    elements, whether or not padding counts), the border rows and columns are redone with
+    their counts (``count``: the plane's, row-major). The sums run in :func:`_avg_pool`'s
+    order, so both give the same values."""
     @jit(parallel=True)
-    def kernel(x, out, h, w, oh, pt, pl, lo_h, hi_h, ya, yb, count, zero):
-        size = oh * w
+    def kernel(x, out, h, w, pt, pl, lo_h, hi_h, group, count, whole):
+        size = h * w
         planes = out.shape[0] // size
+        pb = kh - 1 - pt
         pr = kw - 1 - pl
-        left = min(pl, w)  # the columns before and after those whose taps are all inside
+        top = min(pt, h)
+        bottom = min(pb, h - top)
+        left = min(pl, w)
         right = min(pr, w - left)
-        for p in prange(planes):
-            src = p * h * w
-            dst = p * size
-            t = np.empty(size, x.dtype)
-            for y in range(oh):
-                if ya <= y < yb:
-                    continue
-                row = y * w
-                for c in range(w):
-                    t[U(row + c)] = zero
-                for i in range(lo_h[y], hi_h[y]):
-                    first = src + (y - pt + i) * w
-                    for c in range(w):
-                        t[U(row + c)] += x[U(first + c)]
-            first = src - pt * w
-            for i in range(ya * w, yb * w):
-                a = x[U(first + i)]
+        for g in prange((planes + group - 1) // group):
+            p0 = g * group
+            rows = (min(planes, p0 + group) - p0) * h
+            n = rows * w
+            base = p0 * size
+            t = np.empty(n, x.dtype)
+            for i in range(pt * w, n - pb * w):
+                a = x[U(base + i - pt * w)]
                 for r in range(1, kh):
-                    a += x[U(first + r * w + i)]
+                    a += x[U(base + i + (r - pt) * w)]
                 t[U(i)] = a
-            for i in range(pl, size - pr):
+            for p in range(rows // h):
+                for b in range(top + bottom):
+                    y = b if b < top else h - top - bottom + b
+                    row = p * size + y * w
+                    first = base + p * size + (y - pt + lo_h[y]) * w
+                    for c in range(w):
+                        t[U(row + c)] = x[U(first + c)]
+                    for r in range(1, hi_h[y] - lo_h[y]):
+                        for c in range(w):
+                            t[U(row + c)] += x[U(first + r * w + c)]
+            for i in range(pl, n - pr):
                 a = t[U(i - pl)]
                 for j in range(1, kw):
                     a += t[U(i - pl + j)]
-                out[U(dst + i)] = a / count[U(i)]
-            for y in range(oh):
-                row = y * w
-                for b in range(left + right):  # the border columns
-                    q = b if b < left else w - left - right + b
-                    a = zero
-                    for j in range(kw):
-                        c = q - pl + j
-                        if 0 <= c < w:
-                            a += t[U(row + c)]
-                    out[U(dst + row + q)] = a / count[U(row + q)]
+                out[U(base + i)] = a / whole
+            for p in range(rows // h):  # the border rows' inner columns
+                for b in range(top + bottom):
+                    y = b if b < top else h - top - bottom + b
+                    row = p * size + y * w
+                    for q in range(left, w - right):
+                        a = t[U(row + q - pl)]
+                        for j in range(1, kw):
+                            a += t[U(row + q - pl + j)]
+                        out[U(base + row + q)] = a / count[U(y * w + q)]
+            for b in range(left + right):
+                q = b if b < left else w - left - right + b
+                jlo = max(0, pl - q)
+                jhi = min(kw, w + pl - q)
+                for r in range(rows):
+                    at = r * w + q - pl
+                    a = t[U(at + jlo)]
+                    for j in range(jlo + 1, jhi):
+                        a += t[U(at + j)]
+                    out[U(base + r * w + q)] = a / count[U((r % h) * w + q)]
     return kernel
 
 
@@ -460,29 +479,29 @@ def _fixed(kernel_shape, sw, d):
     return (*k, sw)
 
 
-# per plan (keyed by its id, the plan kept alive so the id stays its own): what the flat
+# per plan (keyed by its id, the plan kept alive so the id stays its own): what the "same"
 # kernels need beyond it
-_FLAT: dict = {}
+_SAME: dict = {}
+# elements per group of planes in the "same" kernels: a scratch that stays in L1
+_GROUP = 4096
 
 
-def _flat(plan, fixed, strides):
-    """(pt, ya, yb, counts) for a call the flat kernels take (stride 1 along both axes, a
-    geometry in :data:`FIXED`, the output as wide as the input), None for the others: the
-    begin pad along the height, the output rows ``[ya, yb)`` whose window lies inside the
-    image, and the plane's averaging counts (row-major, in the plan's dtype)."""
-    (_h, w, _oh, ow), (sw, _pl), _d, hy, wq, _taps = plan
+def _same(plan, fixed, strides):
+    """(pt, group, counts) for a call the "same" kernels take (stride 1 along both axes, a
+    geometry in :data:`FIXED`, the output of the input's shape), None for the others: the
+    begin pad along the height, the planes per group, and the plane's averaging counts
+    (row-major, in the plan's dtype)."""
+    (h, w, oh, ow), (sw, _pl), _d, hy, wq, _taps = plan
     s = _tuple(strides)
-    if fixed is None or sw != 1 or (s is not None and s[0] != 1) or ow != w:
+    if fixed is None or sw != 1 or (s is not None and s[0] != 1) or (oh, ow) != (h, w):
         return None
-    got = _FLAT.get(id(plan))
+    got = _SAME.get(id(plan))
     if got is None or got[0] is not plan:
-        full = np.flatnonzero(hy[2] - hy[1] == fixed[0])
-        ya, yb = (int(full[0]), int(full[-1]) + 1) if full.size else (0, 0)
         counts = np.multiply.outer(hy[3], wq[3]).reshape(-1)
         counts.flags.writeable = False
-        if len(_FLAT) >= 256:
-            _FLAT.clear()
-        got = _FLAT[id(plan)] = (plan, (-int(hy[0][0]), ya, yb, counts))
+        if len(_SAME) >= 256:
+            _SAME.clear()
+        got = _SAME[id(plan)] = (plan, (-int(hy[0][0]), max(1, _GROUP // (h * w)), counts))
     return got[1]
 
 
@@ -493,10 +512,10 @@ def _max_call(plan, kernel_shape, strides, dtype):
     if _tiles_2x2(kernel_shape, strides, sw, d, hy, wq):
         return _max_pool_2x2, (h, w, oh, ow)
     fixed = _fixed(kernel_shape, sw, d)
-    flat = _flat(plan, fixed, strides)
-    if flat:
-        pt, ya, yb, _counts = flat
-        return _max_pool_flat(*fixed[:2]), (h, w, oh, pt, pl, hy[1], hy[2], ya, yb, lowest)
+    same = _same(plan, fixed, strides)
+    if same:
+        pt, group, _counts = same
+        return _max_pool_same(*fixed[:2]), (h, w, pt, pl, hy[1], hy[2], group, lowest)
     if fixed:
         wp = max(pl + w, (ow - 1) * sw + fixed[1])
         return _max_pool_fixed(*fixed), (h, w, oh, ow, pl, wp, hy[0], hy[1], hy[2], lowest)
@@ -509,11 +528,11 @@ def _avg_call(plan, kernel_shape, strides, dtype):
     (h, w, oh, ow), (sw, pl), d, hy, wq, taps = plan
     zero = dtype.type(0)
     fixed = _fixed(kernel_shape, sw, d)
-    flat = _flat(plan, fixed, strides)
-    if flat:
-        pt, ya, yb, counts = flat
-        return _avg_pool_flat(*fixed[:2]), (h, w, oh, pt, pl, hy[1], hy[2], ya, yb, counts,
-                                            zero)
+    same = _same(plan, fixed, strides)
+    if same:
+        pt, group, counts = same
+        return _avg_pool_same(*fixed[:2]), (h, w, pt, pl, hy[1], hy[2], group, counts,
+                                            dtype.type(fixed[0] * fixed[1]))
     if fixed:
         wp = max(pl + w, (ow - 1) * sw + fixed[1])
         return _avg_pool_fixed(*fixed), (h, w, oh, ow, pl, wp, hy[0], hy[1], hy[2], hy[3],
