@@ -127,6 +127,10 @@ CASES = [
     *[(op, [shape], a) for op in ("Softmax", "LogSoftmax")
       for shape, a in (((3, 7, 33), {}), ((5, 1000), dict(axis=1)), ((4, 6, 1), dict(axis=1)),
                        ((2, 1), {}), ((7,), dict(axis=0)))],
+    ("FusedAttention", [(2, 3, 5, 8), (2, 3, 8, 5), (2, 3, 5, 7), (2, 1, 1, 5)],
+     dict(scale=0.35)),
+    ("FusedAttention", [(1, 2, 40, 16), (1, 2, 16, 40), (1, 2, 40, 16), (40, 40)], {}),
+    ("FusedAttention", [(4, 6, 8), (4, 8, 9), (4, 9, 3)], dict(scale=2.0)),
     # empty batches
     ("MaxPool", [(0, 3, 5, 5)], dict(kernel_shape=(2, 2))),
     ("AveragePool", [(0, 3, 5, 5)], dict(kernel_shape=(2, 2))),
@@ -138,6 +142,7 @@ CASES = [
     ("GlobalAveragePool", [(0, 3, 4, 4)], {}),
     ("Softmax", [(0, 5)], {}),
     ("LogSoftmax", [(0, 5)], {}),
+    ("FusedAttention", [(0, 2, 3, 4), (0, 2, 4, 3), (0, 2, 3, 4)], {}),
 ]
 
 # ops whose numba kernel claims float32 only: for float64 its supports check must refuse

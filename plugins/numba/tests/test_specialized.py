@@ -12,7 +12,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from onemodel.numba import conv, fused, norm, pool, softmax
+from onemodel.numba import attention, conv, fused, norm, pool, softmax
 from onemodel.tensors import OneModelError
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
@@ -26,6 +26,11 @@ def _x(*shape):
 # (kernel, inputs (float64 arrays; cast per dtype), attributes, indices of constant inputs,
 #  whether the kernel writes out=)
 CASES = [
+    (attention.fused_attention, [_x(2, 3, 5, 8), _x(2, 3, 8, 5), _x(2, 3, 5, 8), _x(2, 1, 1, 5)],
+     dict(scale=0.35), (), True),  # one pass per query row
+    (attention.fused_attention, [_x(4, 6, 8), _x(4, 8, 6), _x(4, 6, 7)], {}, (), True),
+    (attention.fused_attention, [_x(1, 2, 40, 16), _x(1, 2, 16, 40), _x(1, 2, 40, 16),
+                                 _x(40, 40)], dict(scale=0.25), (3,), True),  # BLAS products
     (conv.conv, [_x(8, 3, 16, 16), _x(8, 3, 3, 3), _x(8)], dict(pads=(1, 1, 1, 1)), (1, 2), True),
     (conv.conv, [_x(8, 8, 8, 8), _x(16, 8, 3, 3)], dict(strides=(2, 2)), (1,), True),
     (conv.conv, [_x(4, 3, 6, 6), _x(5, 3, 3, 3), _x(5)], {}, (), True),  # one GEMM, inputs

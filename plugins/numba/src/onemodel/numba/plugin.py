@@ -33,6 +33,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "Softmax": (f"{_K}.softmax:softmax", f"{_K}.support:softmax"),
     "LogSoftmax": (f"{_K}.softmax:log_softmax", f"{_K}.support:softmax"),
     "FusedElementwise": (f"{_K}.fused:fused_elementwise", f"{_K}.support:same_float"),
+    "FusedAttention": (f"{_K}.attention:fused_attention", f"{_K}.support:attention"),
 }
 
 # optimizer updates: no op of the op set, so registered under names that are not op names.
@@ -43,7 +44,7 @@ UPDATES: dict[str, str] = {"optim.SGD": f"{_K}.optim:sgd", "optim.Adam": f"{_K}.
 # kernels that take ``out=`` (a planned buffer they fill and return; see the hookspec)
 WRITES_OUT: set[str] = {"FusedElementwise", "RMSNormalization", "BatchNormalization", "Softmax",
                         "LogSoftmax", "Erf", "Gelu", "MaxPool", "AveragePool", "GlobalAveragePool",
-                        "Conv", "FusedConv"}
+                        "Conv", "FusedConv", "FusedAttention"}
 
 
 @hookimpl
@@ -61,3 +62,6 @@ def onemodel_register_passes(register) -> None:
     # Gemm, before dead-code elimination (70)
     register("elementwise-fusion", "onemodel.runtime.passes.fusion:ElementwiseFusion",
              order=65)
+    # before elementwise fusion takes the scores' scale and mask into a chain; the fused node
+    # pays off with this plugin's one-pass kernel (the reference runs the same ops in turn)
+    register("attention-fusion", "onemodel.runtime.passes.attention:AttentionFusion", order=57)

@@ -1,6 +1,7 @@
 """Optimization passes. The built-in ones register through ``onemodel_register_passes`` like any
 plugin's; ``default_passes()`` lists what the registry holds, in order."""
 
+from .attention import AttentionFusion
 from .base import Pass, PassManager
 from .cleanup import CommonSubexpressionElimination, DeadCodeElimination, IdentityElimination
 from .folding import ConstantFolding
@@ -12,6 +13,6 @@ from .rewrites import (
     RMSNormFusion,
 )
 
-__all__ = ["ActivationFusion", "BatchNormFolding", "CommonSubexpressionElimination",
+__all__ = ["ActivationFusion", "AttentionFusion", "BatchNormFolding", "CommonSubexpressionElimination",
            "ConstantFolding", "DeadCodeElimination", "GemmWeightLayout", "IdentityElimination",
            "MatMulAddToGemm", "Pass", "PassManager", "RMSNormFusion"]

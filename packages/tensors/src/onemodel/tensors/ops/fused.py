@@ -1,6 +1,7 @@
 """Fused ops (domain ``onemodel``) that the runtime's fusion passes produce: a Conv or Gemm with
-its following activation applied in place, saving one pass over the output, and a chain of
-elementwise ops as one node. Inference only."""
+its following activation applied in place, saving one pass over the output, a chain of
+elementwise ops as one node, and attention written out as MatMul, scale, mask, Softmax, MatMul.
+Inference only."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 from ..dtype import FLOATING
 from ..errors import ShapeError
 from .base import OPS, TensorSpec, broadcast_shapes, defop, same_dtype
-from .linalg import _gemm_shape, gemm
+from .linalg import _gemm_shape, _matmul_shape, gemm, matmul
 from .nn import _conv_shape, conv
 from .specialize import CallSite, specialize, specializer
 
@@ -75,6 +76,36 @@ def _fused_gemm_at(site: CallSite):
     def gemm_activation(A, B, C=None, out=None):
         return _activate(product(A, B, C, out=out), activation)
     return gemm_activation
+
+
+# attention ---------------------------------------------------------------------------------------
+
+def _fused_attention_shape(specs, *, scale=1.0):
+    q, kt, v = specs[0], specs[1], specs[2]
+    mask = specs[3] if len(specs) > 3 else None
+    if len(q.shape) < 2 or len(kt.shape) < 2 or len(v.shape) < 2:
+        raise ShapeError("FusedAttention: Q, Kt and V must have at least two axes, got "
+                         f"{q.shape}, {kt.shape} and {v.shape}")
+    same_dtype([s for s in specs if s is not None], FLOATING)
+    scores = _matmul_shape([q, kt])
+    if mask is not None and broadcast_shapes(scores.shape, mask.shape) != tuple(scores.shape):
+        raise ShapeError(f"FusedAttention: the mask {mask.shape} must broadcast to the scores "
+                         f"{scores.shape}")
+    return _matmul_shape([scores, v])
+
+
+@defop("FusedAttention", shape=_fused_attention_shape, domain="onemodel", writes_out=True)
+def fused_attention(Q, Kt, V, mask=None, *, scale=1.0, out=None):
+    """softmax(Q @ Kt * scale + mask, last axis) @ V: attention as exported models write it
+    out (``Kt`` is the keys already transposed, as their MatMul reads them). This reference
+    runs the ops' own kernels in the graph's order, so it gives the unfused graph's result; a
+    kernel plugin computes it in one pass per query row."""
+    scores = matmul.kernel(Q, Kt)
+    if scale != 1.0:
+        scores = scores * scores.dtype.type(scale)
+    if mask is not None:
+        scores = scores + mask
+    return matmul.kernel(OPS["Softmax"].kernel(scores, axis=-1), V, out=out)
 
 
 # elementwise chains ------------------------------------------------------------------------------

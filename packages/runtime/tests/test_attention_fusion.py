@@ -1,0 +1,115 @@
+"""attention-fusion: attention written out as exporters write it becomes one FusedAttention
+node, which computes what PyTorch's scaled_dot_product_attention does; lookalikes stay."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from runtime_graphs import attention
+
+from onemodel.runtime import GraphBuilder, Session
+from onemodel.runtime.passes import AttentionFusion, PassManager
+from onemodel.tensors import DType
+
+B, H, S, D = 2, 3, 5, 8
+
+
+def _graph(scale="Mul", mask="right", kt="transpose", *, axis=-1, shared_scores=False,
+           pv_order="pv", scale_value=0.125, mask_shape=(B, 1, 1, S)):
+    """softmax(Q @ Kt * scale + mask) @ V over (B, H, S, D) inputs, written out node by node."""
+    b = GraphBuilder("sdpa")
+    q = b.input("q", DType.F32, (B, H, S, D))
+    k = b.input("k", DType.F32, (B, H, S, D))
+    v = b.input("v", DType.F32, (B, H, S, D))
+    keys = b.op("Transpose", k, perm=(0, 1, 3, 2)) if kt == "transpose" else b.input(
+        "kt", DType.F32, (B, H, D, S))
+    scores = b.op("MatMul", q, keys)
+    if scale == "Mul":
+        scores = b.op("Mul", scores, b.const(np.float32(scale_value)))
+    elif scale == "MulLeft":
+        scores = b.op("Mul", b.const(np.float32(scale_value)), scores)
+    elif scale == "Div":
+        scores = b.op("Div", scores, b.const(np.float32(1 / scale_value)))
+    elif scale == "Vector":  # not a scalar: not a scale
+        scores = b.op("Mul", scores, b.const(np.full(S, scale_value, np.float32)))
+    if mask:
+        m = b.input("mask", DType.F32, mask_shape)
+        scores = b.op("Add", scores, m) if mask == "right" else b.op("Add", m, scores)
+    probs = b.op("Softmax", scores, axis=axis)
+    if pv_order == "pv":
+        b.output(b.op("MatMul", probs, v), "y")
+    else:  # (B, H, D, S) @ probs: the probabilities on the right
+        b.output(b.op("MatMul", b.op("Transpose", v, perm=(0, 1, 3, 2)), probs), "y")
+    if shared_scores:
+        b.output(scores, "scores")
+    return b.build()
+
+
+def _feeds(graph, seed=0):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for v in graph.inputs:
+        x = rng.standard_normal(tuple(v.shape)).astype(np.float32)
+        if v.name == "mask":
+            x = np.where(x > 0.8, np.float32(-np.inf), x).astype(np.float32)
+        feeds[v.name] = x
+    return feeds
+
+
+def _fused(graph):
+    optimized = graph.copy()
+    counts = PassManager([AttentionFusion()]).run(optimized)
+    return optimized, counts["attention-fusion"]
+
+
+@pytest.mark.parametrize("scale", ["Mul", "MulLeft", "Div", None])
+@pytest.mark.parametrize("mask", ["right", "left", None])
+def test_written_out_attention_becomes_one_node_equal_to_torch(scale, mask):
+    import torch
+
+    graph = _graph(scale, mask)
+    optimized, n = _fused(graph)
+    assert n == 1
+    ops = [x.op for x in optimized.nodes if x.op != "Identity"]
+    assert ops == ["Transpose", "FusedAttention"]
+    feeds = _feeds(graph)
+    got = Session(optimized, optimize=False).run(feeds)["y"].numpy()
+    plain = Session(graph, optimize=False).run(feeds)["y"].numpy()
+    t = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    want = torch.nn.functional.scaled_dot_product_attention(
+        t["q"], t["k"], t["v"], attn_mask=t.get("mask"),
+        scale=0.125 if scale else 1.0).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"axis": 2},  # softmax over another axis
+    {"shared_scores": True},  # the scores are read elsewhere (a graph output)
+    {"pv_order": "vp"},  # the probabilities are the product's right operand
+    {"scale": "Vector"},  # a per-key factor, not a scale
+    {"mask_shape": (B, H, S, S, 1)},  # the mask broadcasts the scores up (a different shape)
+])
+def test_attention_lookalikes_are_left_alone(kwargs):
+    graph = _graph(**kwargs) if "mask_shape" not in kwargs else _graph(
+        mask_shape=(1, B, H, S, S))
+    _, n = _fused(graph)
+    assert n == 0
+
+
+def test_the_runtime_attention_graph_fuses_under_default_passes():
+    """With the default passes (the numba plugin's kernel where installed) a self-attention
+    layer with symbolic batch and sequence runs fused at several sizes, equal to the unfused
+    graph."""
+    graph = attention()
+    session = Session(graph)
+    if "attention-fusion" not in session.optimizations:
+        pytest.skip("no plugin registers attention-fusion (the numba plugin does)")
+    assert session.optimizations["attention-fusion"] == 1
+    plain = Session(graph, optimize=False)
+    rng = np.random.default_rng(3)
+    for batch, seq in ((1, 3), (2, 7), (3, 40)):  # 40: the BLAS path of the numba kernel
+        x = rng.standard_normal((batch, seq, 16)).astype(np.float32)
+        np.testing.assert_allclose(session.run({"input": x})["output"].numpy(),
+                                   plain.run({"input": x})["output"].numpy(),
+                                   rtol=1e-5, atol=1e-5)

@@ -1,0 +1,251 @@
+"""FusedAttention (float32/float64): softmax(Q @ Kt * scale + mask) @ V.
+
+Small heads (the scores of a head fit in a few thousand multiply-adds) take one kernel that
+works a query row at a time: its scores, their softmax and the weighted sum of V's rows, with
+the row in a scratch buffer, reading Q, Kt, V and the mask through their strides (the
+transposed views exported graphs hand over are never copied) and broadcasting the mask by
+index. Larger heads keep their products in BLAS: Q @ Kt into one scores array, the scale, the
+mask and the softmax in one pass over its rows (softmax.py's row kernels) into a second array,
+then the product with V into the output."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from numba import prange
+from onemodel.tensors.ops.specialize import CallSite, specializer
+
+from . import _jit
+from ._jit import jit, sync_threads
+from .softmax import _exp_sum, _row_max, _softmax_row_f32
+
+U = np.uint64
+# multiply-adds per head (Sq * Sk * (D + Dv)) up to which the one-pass kernel runs; above it
+# the scores go through BLAS (measured: see docs/benchmarks.md, "Sixth round")
+ROWS_MAX_WORK = 2048
+
+
+def _pick(kernel):
+    return kernel if _jit._parallel else kernel.serial
+
+
+@jit(parallel=True)
+def _attention_rows(q, kt, v, mask, has_mask, scale, scratch, out):
+    """out[b, h, i] = softmax(q[b, h, i] @ kt[b, h] * scale + mask[...]) @ v[b, h], one query
+    row at a time. Each head's Q, Kt and V are first copied from their strides into the head's
+    part of ``scratch`` (flat, C-contiguous), so the products' inner loops run over unit
+    strides and vectorize. The mask is 4-D; an axis of size 1 broadcasts. A row holding NaN, or
+    whose largest score is infinite, gives NaN, as the unfused Softmax does."""
+    nb, nh, sq, d = q.shape
+    sk = kt.shape[3]
+    dv = v.shape[3]
+    mb = mask.shape[0] > 1
+    mh = mask.shape[1] > 1
+    mi = mask.shape[2] > 1
+    mj = mask.shape[3] > 1
+    zero = np.zeros(1, out.dtype)[0]
+    per = sq * d + d * sk + sk * dv + sk + dv
+    for t in prange(nb * nh):
+        b = t // nh
+        h = t - b * nh
+        bm = b if mb else 0
+        hm = h if mh else 0
+        qo = t * per  # the head's Q (sq, d), Kt (d, sk), V (sk, dv), scores (sk), sums (dv)
+        ko = qo + sq * d
+        vo = ko + d * sk
+        so = vo + sk * dv
+        ao = so + sk
+        for i in range(sq):
+            for e in range(d):
+                scratch[U(qo + i * d + e)] = q[b, h, i, e]
+        for e in range(d):
+            for j in range(sk):
+                scratch[U(ko + e * sk + j)] = kt[b, h, e, j]
+        for j in range(sk):
+            for e in range(dv):
+                scratch[U(vo + j * dv + e)] = v[b, h, j, e]
+        for i in range(sq):
+            im = i if mi else 0
+            for j in range(sk):
+                scratch[U(so + j)] = zero
+            for e in range(d):
+                qe = scratch[U(qo + i * d + e)]
+                krow = ko + e * sk
+                for j in range(sk):
+                    scratch[U(so + j)] += qe * scratch[U(krow + j)]
+            if has_mask:
+                for j in range(sk):
+                    scratch[U(so + j)] = scratch[U(so + j)] * scale + \
+                        mask[bm, hm, im, j if mj else 0]
+            else:
+                for j in range(sk):
+                    scratch[U(so + j)] = scratch[U(so + j)] * scale
+            m = scratch[U(so)]
+            for j in range(1, sk):
+                w = scratch[U(so + j)]
+                m = w if w > m else m
+            total = 0.0
+            for j in range(sk):
+                w = math.exp(scratch[U(so + j)] - m)
+                scratch[U(so + j)] = w
+                total += w
+            inv = 1.0 / total
+            for j in range(sk):
+                scratch[U(so + j)] = scratch[U(so + j)] * inv  # stored in the dtype
+            for e in range(dv):
+                scratch[U(ao + e)] = zero
+            for j in range(sk):
+                p = scratch[U(so + j)]
+                vrow = vo + j * dv
+                for e in range(dv):
+                    scratch[U(ao + e)] += p * scratch[U(vrow + e)]
+            for e in range(dv):
+                out[b, h, i, e] = scratch[U(ao + e)]
+
+
+@jit()
+def _scale_mask_row(row, mask, bm, hm, im, mj, has_mask, scale):
+    """row = row * scale + mask[bm, hm, im, :] (the last axis broadcast when ``mj`` is 0)."""
+    if has_mask:
+        for j in range(row.shape[0]):
+            row[j] = row[j] * scale + mask[bm, hm, im, j * mj]
+    else:
+        for j in range(row.shape[0]):
+            row[j] = row[j] * scale
+
+
+@jit(parallel=True)
+def _masked_softmax_f32(x, mask, has_mask, scale, probs):
+    """probs[b, h, i] = softmax(x[b, h, i] * scale + mask[...]) for float32 rows (the row
+    kernel of softmax.py, with its vectorized exp); x is overwritten. Not in place: with the
+    rows aliased, the exp loop's run-time overlap check sends it to its scalar version (8.0
+    against 4.3 us on 68 rows of 17)."""
+    nb, nh, sq, sk = x.shape
+    mj = 1 if mask.shape[3] > 1 else 0
+    for t in prange(nb * nh):
+        b = t // nh
+        h = t - b * nh
+        bm = b if mask.shape[0] > 1 else 0
+        hm = h if mask.shape[1] > 1 else 0
+        pw = np.empty(sk, np.float32)
+        pw_bits = pw.view(np.int32)
+        for i in range(sq):
+            row = x[b, h, i]
+            _scale_mask_row(row, mask, bm, hm, i if mask.shape[2] > 1 else 0, mj, has_mask,
+                            scale)
+            _softmax_row_f32(row, probs[b, h, i], False, pw, pw_bits)
+
+
+@jit(parallel=True)
+def _masked_softmax_f64(x, mask, has_mask, scale, probs):
+    """The float64 rows of :func:`_masked_softmax_f32`: libm's exp, sums in float64."""
+    nb, nh, sq, sk = x.shape
+    mj = 1 if mask.shape[3] > 1 else 0
+    for t in prange(nb * nh):
+        b = t // nh
+        h = t - b * nh
+        bm = b if mask.shape[0] > 1 else 0
+        hm = h if mask.shape[1] > 1 else 0
+        for i in range(sq):
+            row = x[b, h, i]
+            _scale_mask_row(row, mask, bm, hm, i if mask.shape[2] > 1 else 0, mj, has_mask,
+                            scale)
+            dst = probs[b, h, i]
+            m = _row_max(row)
+            bad = 0
+            for j in range(sk):
+                bad += row[j] != row[j]
+            if bad or not (abs(m) < np.inf):
+                for j in range(sk):
+                    dst[j] = np.nan
+                continue
+            inv = 1.0 / _exp_sum(row, m, dst)
+            for j in range(sk):
+                dst[j] *= inv
+
+
+def _four_d(shape) -> tuple[int, ...]:
+    return (1,) * (4 - len(shape)) + tuple(shape)
+
+
+def _run(q4, kt4, v4, m4, has_mask, scale, out4, rows: bool):
+    """The attention of 4-D views; ``out4`` C-contiguous (B, H, Sq, Dv)."""
+    if out4.size == 0:
+        return
+    if kt4.shape[3] == 0:  # no keys: softmax over nothing, an empty sum of V's rows
+        out4[...] = 0
+        return
+    if rows:
+        nb, nh, sq, d = q4.shape
+        sk, dv = kt4.shape[3], v4.shape[3]
+        scratch = np.empty(nb * nh * (sq * d + d * sk + sk * dv + sk + dv), out4.dtype)
+        _pick(_attention_rows)(q4, kt4, v4, m4, has_mask, scale, scratch, out4)
+        return
+    scores = np.matmul(q4, kt4)
+    probs = np.empty(scores.shape, scores.dtype)
+    _pick(_masked_softmax_f32 if scores.dtype == np.float32 else _masked_softmax_f64)(
+        scores, m4, has_mask, scale, probs)
+    np.matmul(probs, v4, out=out4)
+
+
+def _rows_wins(q_shape, kt_shape, v_shape) -> bool:
+    return q_shape[-2] * kt_shape[-1] * (q_shape[-1] + v_shape[-1]) <= ROWS_MAX_WORK
+
+
+_NO_MASK = {np.dtype(t): np.zeros((1, 1, 1, 1), t) for t in (np.float32, np.float64)}
+
+
+def fused_attention(Q, Kt, V, mask=None, *, scale=1.0, out=None):
+    """softmax(Q @ Kt * scale + mask, last axis) @ V for float32/float64 Q, Kt, V of rank 2-4
+    with the same leading (batch, head) axes and a mask that broadcasts to the scores."""
+    sync_threads()
+    dtype = Q.dtype
+    y_shape = Q.shape[:-1] + V.shape[-1:]
+    y = np.empty(y_shape, dtype) if out is None else out
+    m4 = _NO_MASK[dtype] if mask is None else mask.reshape(_four_d(mask.shape))
+    _run(Q.reshape(_four_d(Q.shape)), Kt.reshape(_four_d(Kt.shape)),
+         V.reshape(_four_d(V.shape)), m4, mask is not None, dtype.type(scale),
+         y.reshape(_four_d(y_shape)), _rows_wins(Q.shape, Kt.shape, V.shape))
+    return y
+
+
+@specializer(fused_attention)
+def _fused_attention_at(site: CallSite):
+    """FusedAttention planned for its shapes: the 4-D shapes, the path and the scale worked
+    out once; a call checks its inputs and runs one path."""
+    shapes, dtypes = site.shapes, site.dtypes
+    if any(s is None for s in shapes[:3]) or dtypes[0] not in _NO_MASK:
+        return None
+    q_shape, kt_shape, v_shape = shapes[0], shapes[1], shapes[2]
+    m_shape = shapes[3] if len(shapes) > 3 else None
+    has_mask = m_shape is not None
+    if has_mask and len(m_shape) > 4:
+        return None
+    dtype = np.dtype(dtypes[0])
+    y_shape = q_shape[:-1] + v_shape[-1:]
+    q4, kt4, v4, y4 = (_four_d(s) for s in (q_shape, kt_shape, v_shape, y_shape))
+    m4 = _four_d(m_shape) if has_mask else None
+    scale = dtype.type(site.attrs.get("scale", 1.0))
+    rows = _rows_wins(q_shape, kt_shape, v_shape)
+    four_d = len(q_shape) == 4
+    no_mask = _NO_MASK[dtype]
+    generic = site.generic
+
+    def attention_at(Q, Kt, V, mask=None, out=None):
+        if Q.shape != q_shape or Kt.shape != kt_shape or V.shape != v_shape or \
+                Q.dtype != dtype or Kt.dtype != dtype or V.dtype != dtype or \
+                (mask is None) == has_mask or (has_mask and (mask.shape != m_shape
+                                                            or mask.dtype != dtype)):
+            return generic(Q, Kt, V, mask, out=out)
+        sync_threads()
+        y = np.empty(y_shape, dtype) if out is None else out
+        if four_d:  # the usual case: no views to make
+            _run(Q, Kt, V, mask.reshape(m4) if has_mask else no_mask, has_mask, scale, y, rows)
+        else:
+            _run(Q.reshape(q4), Kt.reshape(kt4), V.reshape(v4),
+                 mask.reshape(m4) if has_mask else no_mask, has_mask, scale, y.reshape(y4),
+                 rows)
+        return y
+    return attention_at

@@ -1,0 +1,95 @@
+"""The numba FusedAttention kernel against the op's reference kernel (the unfused ops in turn)
+and PyTorch's scaled_dot_product_attention: both paths (one pass per query row, BLAS
+products), strided views as exported graphs hand them over, broadcast masks, float32 and
+float64, blocked and NaN rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onemodel.numba import attention
+from onemodel.numba.support import attention as supports
+from onemodel.tensors.ops import OPS
+
+REFERENCE = OPS["FusedAttention"].kernel
+RNG = np.random.default_rng(11)
+
+
+def _heads(b, s, h, d, dtype, layout):
+    """(b, h, s, d) as a transposed view of (b, s, h, d), as a head split leaves it."""
+    x = RNG.standard_normal((b, s, h, d)).astype(dtype)
+    return x.transpose(0, 2, 1, 3) if layout == "view" else np.ascontiguousarray(
+        x.transpose(0, 2, 1, 3))
+
+
+def _tol(dtype):
+    return dict(rtol=2e-5, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("seq,head", [(5, 8), (9, 16), (33, 16)])  # 33: BLAS products
+@pytest.mark.parametrize("layout", ["view", "contiguous"])
+@pytest.mark.parametrize("mask_shape", [None, (2, 1, 1, "s"), ("s", "s"), (1, 3, "s", "s"),
+                                        (2, 3, "s", 1)])
+def test_equals_reference_and_torch(dtype, seq, head, layout, mask_shape):
+    import torch
+
+    q = _heads(2, seq, 3, head, dtype, layout)
+    k = _heads(2, seq, 3, head, dtype, layout)
+    v = _heads(2, seq, 3, head, dtype, layout)
+    kt = k.transpose(0, 1, 3, 2)
+    mask = None
+    if mask_shape is not None:
+        shape = tuple(seq if d == "s" else d for d in mask_shape)
+        mask = RNG.standard_normal(shape).astype(dtype)
+        if shape[-1] > 1:
+            mask[..., 0] = -np.inf  # a key nobody may attend
+    assert supports(q, kt, v, mask, scale=0.3)
+    got = attention.fused_attention(q, kt, v, mask, scale=0.3)
+    want = REFERENCE(q, kt, v, mask, scale=0.3)
+    np.testing.assert_allclose(got, want, **_tol(dtype))
+    t = (torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v))
+    oracle = torch.nn.functional.scaled_dot_product_attention(
+        *t, attn_mask=None if mask is None else torch.from_numpy(mask), scale=0.3).numpy()
+    np.testing.assert_allclose(got, oracle, **_tol(dtype))
+    out = np.full(got.shape, np.nan, dtype)
+    assert attention.fused_attention(q, kt, v, mask, scale=0.3, out=out) is out
+    np.testing.assert_array_equal(out, got)
+
+
+@pytest.mark.parametrize("seq", [4, 40])
+def test_blocked_and_nan_rows_give_nan_as_the_unfused_softmax(seq):
+    q = _heads(1, seq, 2, 8, np.float32, "view")
+    kt = _heads(1, seq, 2, 8, np.float32, "contiguous").transpose(0, 1, 3, 2)
+    v = _heads(1, seq, 2, 8, np.float32, "view")
+    mask = np.zeros((1, 1, seq, seq), np.float32)
+    mask[0, 0, 1] = -np.inf  # query row 1 may attend nothing
+    q = q.copy()
+    q[0, 1, 2, 3] = np.nan  # head 1, query row 2
+    got = attention.fused_attention(q, kt, v, mask, scale=0.5)
+    want = REFERENCE(q, kt, v, mask, scale=0.5)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, :, 1]).all() and np.isnan(got[0, 1, 2]).all()
+    np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=2e-5,
+                               atol=2e-6)
+
+
+def test_ranks_two_and_three():
+    for shape in ((6, 8), (4, 6, 8)):
+        q = RNG.standard_normal(shape).astype(np.float32)
+        kt = np.swapaxes(RNG.standard_normal(shape).astype(np.float32), -1, -2)
+        v = RNG.standard_normal(shape[:-1] + (5,)).astype(np.float32)
+        np.testing.assert_allclose(attention.fused_attention(q, kt, v, scale=0.7),
+                                   REFERENCE(q, kt, v, scale=0.7), rtol=2e-5, atol=2e-6)
+
+
+def test_support_declines_what_the_kernel_does_not_cover():
+    q = np.zeros((2, 3, 4, 8), np.float32)
+    kt = np.zeros((2, 3, 8, 4), np.float32)
+    v = np.zeros((2, 3, 4, 8), np.float32)
+    assert supports(q, kt, v)
+    assert not supports(q.astype(np.float16), kt.astype(np.float16), v.astype(np.float16))
+    assert not supports(q, kt[:, :1], v)  # heads broadcast between Q and Kt
+    assert not supports(q, kt, v, np.zeros((4, 4), np.float64))  # another dtype
+    assert not supports(q[None], kt[None], v[None])  # rank 5
