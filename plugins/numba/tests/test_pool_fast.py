@@ -64,6 +64,9 @@ def _input(shape, dtype, seed=0, special=False):
         x[0, 1, 0, w - 1] = np.inf
         x[-1, -1, 0, 0] = -np.inf
         x[-1, -1, h - 1, w - 1] = np.nan
+        if h > 2:  # inf above -inf: their sum is NaN with no NaN in the window
+            x[-1, 0, 1, w // 2] = np.inf
+            x[-1, 0, 2, w // 2] = -np.inf
     return x
 
 

@@ -155,8 +155,9 @@ def _max_pool_fixed(kh, kw, sw):
     the window are unrolled and the column loops vectorize. Row by row: the window's kh rows
     reduced in one contiguous sweep into a column row padded on both sides with ``lowest``
     (``pl`` before, up to ``wp`` after), then the kw taps of each output column read from it
-    without bounds tests. NaN wins as in np.maximum: the sweep carries it (a NaN-aware
-    select) and counts the row's NaN; a row holding one takes the NaN-aware taps."""
+    without bounds tests. NaN wins as in np.maximum: the sweep also sums the window's rows,
+    a NaN sum (a NaN dropped by the plain max, or inf - inf) redoes the row with NaN-aware
+    selects, and a row holding NaN takes the NaN-aware taps."""
     @jit(parallel=True)
     def kernel(x, out, h, w, oh, ow, pl, wp, h0, lo_h, hi_h, lowest):
         planes = out.shape[0] // (oh * ow)
@@ -174,11 +175,20 @@ def _max_pool_fixed(kh, kw, sw):
                 if hi - lo == kh:  # the whole window inside the image: one sweep
                     for c in range(w):
                         a = x[U(first + c)]
+                        b = a
                         for i in range(1, kh):
                             v = x[U(first + i * w + c)]
-                            a = v if (v > a) | (v != v) else a
+                            a = v if v > a else a
+                            b += v  # NaN if a NaN was dropped (or inf - inf: a false alarm)
                         col[U(pl + c)] = a
-                        nan += a != a
+                        nan += b != b
+                    if nan:  # the NaN-aware sweep
+                        for c in range(w):
+                            a = x[U(first + c)]
+                            for i in range(1, kh):
+                                v = x[U(first + i * w + c)]
+                                a = v if (v > a) | (v != v) else a
+                            col[U(pl + c)] = a
                 else:
                     for c in range(w):
                         col[U(pl + c)] = lowest
@@ -259,7 +269,8 @@ def _max_pool_same(kh, kw):
     ``kh - 1`` border rows (read across plane borders by the sweep) redone from the rows
     inside the image. Columns: ``out[i] = max of t[i - pl + j]``, then the ``kw - 1`` border
     columns of every row redone from the taps inside the image. NaN wins as in np.maximum
-    (the group's NaN count picks the NaN-aware column sweep)."""
+    (a NaN sum of the rows redoes the row sweep with NaN-aware selects, as in
+    :func:`_max_pool_fixed`; the group's NaN count picks the NaN-aware column sweep)."""
     @jit(parallel=True)
     def kernel(x, out, h, w, pt, pl, lo_h, hi_h, group, lowest):
         size = h * w
@@ -279,11 +290,20 @@ def _max_pool_same(kh, kw):
             nan = 0
             for i in range(pt * w, n - pb * w):
                 a = x[U(base + i - pt * w)]
+                b = a
                 for r in range(1, kh):
                     v = x[U(base + i + (r - pt) * w)]
-                    a = v if (v > a) | (v != v) else a
+                    a = v if v > a else a
+                    b += v  # NaN if a NaN was dropped (or inf - inf: a false alarm)
                 t[U(i)] = a
-                nan += a != a
+                nan += b != b
+            if nan:  # the NaN-aware sweep
+                for i in range(pt * w, n - pb * w):
+                    a = x[U(base + i - pt * w)]
+                    for r in range(1, kh):
+                        v = x[U(base + i + (r - pt) * w)]
+                        a = v if (v > a) | (v != v) else a
+                    t[U(i)] = a
             for p in range(rows // h):
                 for b in range(top + bottom):
                     y = b if b < top else h - top - bottom + b
