@@ -18,7 +18,7 @@ from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
 TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-11, atol=1e-11)}
-SAME, FIXED, GENERIC = "same", "fixed", "generic"
+SAME, FIXED, GENERIC, PLANE = "same", "fixed", "generic", "plane"
 
 # (input shape, attributes, the kernel the MaxPool and AveragePool calls must reach)
 GEOMETRIES = [
@@ -47,6 +47,10 @@ GEOMETRIES = [
     ((2, 3, 7, 8), dict(kernel_shape=(2, 2), pads=(1, 1, 0, 0)), SAME),
     ((1, 4, 9, 11), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), dilations=(2, 1)), GENERIC),
     ((1, 4, 9, 11), dict(kernel_shape=(3, 3), strides=(3, 3)), GENERIC),
+    # one window over the whole plane: a plane mean for AveragePool
+    ((2, 5, 7, 7), dict(kernel_shape=(7, 7)), PLANE),
+    ((1, 3, 5, 6), dict(kernel_shape=(5, 6), strides=(9, 9), pads=(0, 0, 2, 1)), PLANE),
+    ((1, 3, 5, 6), dict(kernel_shape=(5, 6), pads=(1, 0, 0, 0)), GENERIC),  # two windows
 ]
 IDS = [f"{kind}-{i}" for i, (_, _, kind) in enumerate(GEOMETRIES)]
 OPS_UNDER_TEST = [("MaxPool", pool.max_pool, {}),
@@ -82,6 +86,8 @@ def _reached(op, x, attrs) -> str:
         kernel, _ = pool._max_call(plan, a["kernel_shape"], a.get("strides"), x.dtype)
     else:
         kernel, _ = pool._avg_call(plan, a["kernel_shape"], a.get("strides"), x.dtype)
+    if kernel is pool._plane_mean:
+        return PLANE
     if kernel in (pool._max_pool, pool._avg_pool):
         return GENERIC
     k = pool._tuple(a["kernel_shape"])
@@ -104,7 +110,7 @@ def _check(op, got, want, dtype):
 def test_matches_the_reference(shape, attrs, kind, op, kernel, extra, dtype):
     attrs = {**attrs, **extra}
     x = _input(shape, dtype, special=True)
-    assert _reached(op, x, attrs) == kind
+    assert _reached(op, x, attrs) == (GENERIC if kind == PLANE and op == "MaxPool" else kind)
     with np.errstate(invalid="ignore", divide="ignore"):
         want = OPS[op].kernel(x, **attrs)
         _check(op, kernel(x, **attrs), want, dtype)
@@ -166,7 +172,8 @@ def test_matches_torch(shape, attrs, op, kernel, extra, dtype):
         np.testing.assert_allclose(got, want, **TOL[dtype])
 
 
-SPECIALIZED = [(shape, attrs) for shape, attrs, kind in GEOMETRIES if kind != GENERIC][::3]
+SPECIALIZED = [(shape, attrs) for shape, attrs, kind in GEOMETRIES if kind != GENERIC][::3] + \
+    [(shape, attrs) for shape, attrs, kind in GEOMETRIES if kind == PLANE][:1]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])

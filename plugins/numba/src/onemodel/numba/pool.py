@@ -411,6 +411,19 @@ def _avg_pool_same(kh, kw):
     return kernel
 
 
+@jit(parallel=True, fastmath={"reassoc"})
+def _plane_mean(x, out, length):
+    """out[p] = mean of the p-th ``length`` elements: an AveragePool whose one window is the
+    whole plane, summed in float64 like :func:`_global_avg` (reassociation lets the sum run in
+    vector lanes; NaN and infinities propagate as in numpy)."""
+    for p in prange(out.shape[0]):
+        acc = 0.0
+        start = p * length
+        for i in range(length):
+            acc += x[U(start + i)]
+        out[p] = acc / length
+
+
 def _taps(size, k, s, pb, d, o):
     """Per kernel tap j along the row: the output columns [lo, hi) whose input column
     q*s - pb + j*d lies inside the image."""
@@ -547,6 +560,9 @@ def _avg_call(plan, kernel_shape, strides, dtype):
     """The AveragePool kernel for one planned call and its arguments after (x, out)."""
     (h, w, oh, ow), (sw, pl), d, hy, wq, taps = plan
     zero = dtype.type(0)
+    if (oh, ow) == (1, 1) and d == (1, 1) and _tuple(kernel_shape) == (h, w) and \
+            hy[0][0] == 0 and wq[0][0] == 0 and hy[3][0] * wq[3][0] == h * w:
+        return _plane_mean, (h * w,)  # the window is the plane, every element counted once
     fixed = _fixed(kernel_shape, sw, d)
     same = _same(plan, fixed, strides)
     if same:
