@@ -133,7 +133,8 @@ def test_passes_come_from_the_registry_and_declare_their_changes(isolated_regist
 
     passes = default_passes()
     assert [p.name for p in passes] == ["identity", "constant-folding", "cse", "batchnorm-folding",
-                                        "matmul-add-to-gemm", "rms-norm-fusion",
+                                        "matmul-add-to-gemm", "sibling-matmul-merge",
+                                        "rms-norm-fusion",
                                         "activation-fusion",
                                         "gemm-weight-layout", "dead-code"]
     assert all(p.changes for p in passes)

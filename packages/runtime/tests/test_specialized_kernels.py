@@ -175,3 +175,28 @@ def test_an_out_that_cannot_be_viewed_flat_is_refused_not_left_unwritten(a_shape
     out = np.empty(out_shape[::-1], np.float32).T  # the right shape, transposed strides
     with pytest.raises(ValueError):
         call(a, b, out=out)
+
+
+@pytest.mark.parametrize("shape,sizes,attrs", [
+    ((2, 5, 12), [4, 4, 4], {"axis": -1}),
+    ((6, 7), [1, 5], {"axis": 0}),
+    ((3, 8), None, {"axis": 1, "num_outputs": 3}),  # parts of 3, 3 and 2
+])
+def test_split_parts_are_the_generic_views(shape, sizes, attrs):
+    x = _x(*shape)
+    inputs = [x] if sizes is None else [x, _c(sizes)]
+    generic = partial(OPS["Split"].kernel, **attrs)
+    want = generic(*inputs)
+    site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
+                    (None,) + tuple(inputs[1:]), dict(attrs), tuple(w.shape for w in want),
+                    generic)
+    call = specialize(OPS["Split"].kernel, site)
+    assert call is not None
+    got = call(*inputs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+        assert np.shares_memory(g, x)  # views, as the generic kernel's
+    grown = np.concatenate([x, x[:1]])  # another shape: the generic call
+    for g, w in zip(call(grown, *inputs[1:]), generic(grown, *inputs[1:])):
+        np.testing.assert_array_equal(g, w)

@@ -20,6 +20,7 @@ def onemodel_register_passes(register) -> None:
     register("cse", f"{p}.cleanup:CommonSubexpressionElimination", order=30)
     register("batchnorm-folding", f"{p}.rewrites:BatchNormFolding", order=40)
     register("matmul-add-to-gemm", f"{p}.rewrites:MatMulAddToGemm", order=50)
+    register("sibling-matmul-merge", f"{p}.siblings:SiblingMatMulMerge", order=52)
     register("rms-norm-fusion", f"{p}.rewrites:RMSNormFusion", order=55)
     register("activation-fusion", f"{p}.rewrites:ActivationFusion", order=60)
     register("gemm-weight-layout", f"{p}.rewrites:GemmWeightLayout", order=67)

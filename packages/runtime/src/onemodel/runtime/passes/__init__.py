@@ -12,7 +12,9 @@ from .rewrites import (
     MatMulAddToGemm,
     RMSNormFusion,
 )
+from .siblings import SiblingMatMulMerge
 
-__all__ = ["ActivationFusion", "AttentionFusion", "BatchNormFolding", "CommonSubexpressionElimination",
-           "ConstantFolding", "DeadCodeElimination", "GemmWeightLayout", "IdentityElimination",
-           "MatMulAddToGemm", "Pass", "PassManager", "RMSNormFusion"]
+__all__ = ["ActivationFusion", "AttentionFusion", "BatchNormFolding",
+           "CommonSubexpressionElimination", "ConstantFolding", "DeadCodeElimination",
+           "GemmWeightLayout", "IdentityElimination", "MatMulAddToGemm", "Pass", "PassManager",
+           "RMSNormFusion", "SiblingMatMulMerge"]

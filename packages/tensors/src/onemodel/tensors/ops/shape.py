@@ -355,6 +355,31 @@ def split(input, split=None, *, axis=0, num_outputs=None):
     return tuple(parts)
 
 
+@specializer(split.kernel)
+def _split_at(site: CallSite):
+    """The parts' index tuples worked out once (the sizes constant, the shape planned)."""
+    if len(site.shapes) > 1 and site.shapes[1] is not None and site.values[1] is None:
+        return None  # sizes computed at run time
+    src, generic = site.shapes[0], site.generic
+    a = site.attrs.get("axis", 0) % len(src)
+    split = site.values[1] if len(site.values) > 1 else None
+    sizes = _split_sizes(src[a], None if split is None else split.tolist(),
+                         site.attrs.get("num_outputs"))
+    if sum(sizes) != src[a] or len(sizes) != len(site.out_shapes):
+        return None  # the generic kernel's error names the problem
+    lead = (slice(None),) * a
+    index, start = [], 0
+    for size in sizes:
+        index.append((*lead, slice(start, start + size)))
+        start += size
+
+    def split_at(input, split=None):
+        if input.shape != src:
+            return generic(input, split)
+        return tuple(input[i] for i in index)
+    return split_at
+
+
 # Slice ---------------------------------------------------------------------------------------
 
 def _slice_index(shape, starts, ends, axes, steps):
