@@ -357,10 +357,13 @@ def test_max_pool_grad_ties_and_special_values_follow_the_reference(attrs):
     assert ((got != 0) == (want != 0)).all()  # the same element of every window
 
 
-def test_softmax_special_values_follow_the_reference():
+@pytest.mark.parametrize("shape", [(7, 9), (150, 5), (70, 64), (9, 65)])  # short-row blocks
+def test_softmax_special_values_follow_the_reference(shape):
     """Rows holding NaN, +inf, all -inf, some -inf, and values far below the max (whose
-    exponentials underflow) give what the reference gives."""
-    x = np.random.default_rng(4).standard_normal((7, 9)).astype(np.float32)
+    exponentials underflow) give what the reference gives, in the block kernel of short rows
+    (rows past the first block of 64 too) and the row kernel."""
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    x[-1, 1] = np.nan  # in the last block
     x[0, 3] = np.nan
     x[1, 2] = np.inf
     x[2] = -np.inf

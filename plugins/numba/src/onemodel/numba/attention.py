@@ -4,8 +4,8 @@ Small heads (the scores of a head fit in a few thousand multiply-adds) take one 
 works a query row at a time: its scores, their softmax and the weighted sum of V's rows, with
 the row in a scratch buffer, reading Q, Kt, V and the mask through their strides (the
 transposed views exported graphs hand over are never copied) and broadcasting the mask by
-index. Larger heads keep their products in BLAS: Q @ Kt into one scores array, the scale, the
-mask and the softmax in one pass over its rows (softmax.py's row kernels) into a second array,
+index. Larger heads keep their products in BLAS: Q @ Kt into one scores array, the scale and
+the mask added in place, the softmax of its rows (softmax.py's kernels) into a second array,
 then the product with V into the output."""
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from onemodel.tensors.ops.specialize import CallSite, specializer
 
 from . import _jit
 from ._jit import jit, sync_threads
-from .softmax import _exp_sum, _row_max, _softmax_row_f32
+from .softmax import rows_kernel
 
 U = np.uint64
 # multiply-adds per head (Sq * Sk * (D + Dv)) up to which the one-pass kernel runs; above it
 # the scores go through BLAS (measured: see docs/benchmarks.md, "Sixth round")
-ROWS_MAX_WORK = 2048
+ROWS_MAX_WORK = 1024
 
 
 def _pick(kernel):
@@ -105,42 +105,10 @@ def _attention_rows(q, kt, v, mask, has_mask, scale, scratch, out):
                 out[b, h, i, e] = scratch[U(ao + e)]
 
 
-@jit()
-def _scale_mask_row(row, mask, bm, hm, im, mj, has_mask, scale):
-    """row = row * scale + mask[bm, hm, im, :] (the last axis broadcast when ``mj`` is 0)."""
-    if has_mask:
-        for j in range(row.shape[0]):
-            row[j] = row[j] * scale + mask[bm, hm, im, j * mj]
-    else:
-        for j in range(row.shape[0]):
-            row[j] = row[j] * scale
-
-
 @jit(parallel=True)
-def _masked_softmax_f32(x, mask, has_mask, scale, probs):
-    """probs[b, h, i] = softmax(x[b, h, i] * scale + mask[...]) for float32 rows (the row
-    kernel of softmax.py, with its vectorized exp); x is overwritten. Not in place: with the
-    rows aliased, the exp loop's run-time overlap check sends it to its scalar version (8.0
-    against 4.3 us on 68 rows of 17)."""
-    nb, nh, sq, sk = x.shape
-    mj = 1 if mask.shape[3] > 1 else 0
-    for t in prange(nb * nh):
-        b = t // nh
-        h = t - b * nh
-        bm = b if mask.shape[0] > 1 else 0
-        hm = h if mask.shape[1] > 1 else 0
-        pw = np.empty(sk, np.float32)
-        pw_bits = pw.view(np.int32)
-        for i in range(sq):
-            row = x[b, h, i]
-            _scale_mask_row(row, mask, bm, hm, i if mask.shape[2] > 1 else 0, mj, has_mask,
-                            scale)
-            _softmax_row_f32(row, probs[b, h, i], False, pw, pw_bits)
-
-
-@jit(parallel=True)
-def _masked_softmax_f64(x, mask, has_mask, scale, probs):
-    """The float64 rows of :func:`_masked_softmax_f32`: libm's exp, sums in float64."""
+def _scale_mask(x, mask, has_mask, scale):
+    """x[b, h, i] = x[b, h, i] * scale + mask[...] in place (an axis of the 4-D mask of size 1
+    broadcasts)."""
     nb, nh, sq, sk = x.shape
     mj = 1 if mask.shape[3] > 1 else 0
     for t in prange(nb * nh):
@@ -150,20 +118,13 @@ def _masked_softmax_f64(x, mask, has_mask, scale, probs):
         hm = h if mask.shape[1] > 1 else 0
         for i in range(sq):
             row = x[b, h, i]
-            _scale_mask_row(row, mask, bm, hm, i if mask.shape[2] > 1 else 0, mj, has_mask,
-                            scale)
-            dst = probs[b, h, i]
-            m = _row_max(row)
-            bad = 0
-            for j in range(sk):
-                bad += row[j] != row[j]
-            if bad or not (abs(m) < np.inf):
+            if has_mask:
+                im = i if mask.shape[2] > 1 else 0
                 for j in range(sk):
-                    dst[j] = np.nan
-                continue
-            inv = 1.0 / _exp_sum(row, m, dst)
-            for j in range(sk):
-                dst[j] *= inv
+                    row[j] = row[j] * scale + mask[bm, hm, im, j * mj]
+            else:
+                for j in range(sk):
+                    row[j] = row[j] * scale
 
 
 def _four_d(shape) -> tuple[int, ...]:
@@ -184,9 +145,14 @@ def _run(q4, kt4, v4, m4, has_mask, scale, out4, rows: bool):
         _pick(_attention_rows)(q4, kt4, v4, m4, has_mask, scale, scratch, out4)
         return
     scores = np.matmul(q4, kt4)
+    if has_mask or scale != 1:
+        _pick(_scale_mask)(scores, m4, has_mask, scale)
+    sk = scores.shape[3]
     probs = np.empty(scores.shape, scores.dtype)
-    _pick(_masked_softmax_f32 if scores.dtype == np.float32 else _masked_softmax_f64)(
-        scores, m4, has_mask, scale, probs)
+    # into a second array: with the rows aliased, the exp loop's run-time overlap check
+    # sends it to its scalar version (8.0 against 4.3 us on 68 rows of 17)
+    _pick(rows_kernel(scores.dtype, sk, False))(scores.reshape(-1, sk), probs.reshape(-1, sk),
+                                                False)
     np.matmul(probs, v4, out=out4)
 
 
