@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from onemodel.numba import conv
+from onemodel.tensors import ShapeError
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.nn import _geometry
 from onemodel.tensors.ops.specialize import CallSite, specialize
@@ -200,3 +201,11 @@ def test_which_convolutions_are_small():
     assert _plan((2, 16, 8, 8), (16, 16, 3, 3), dict(pads=(1, 1, 1, 1)))[0] != conv._SMALL
     assert _plan((2, 8, 8, 8), (8, 1, 3, 3), dict(group=8, pads=(1, 1, 1, 1)))[0] <= conv._DW
     assert _plan((2, 4, 4, 4), (4, 4, 1, 1), {})[0] == conv._SMALL  # 1x1 too
+
+
+@pytest.mark.parametrize("ws", [(5, 2, 3, 3), (5, 2, 3)])
+def test_output_channels_not_a_multiple_of_group_is_an_error(ws):
+    """Groups of unequal size: a ShapeError naming the problem, not a result."""
+    x = np.ones((1, 4, 5, 5)[:len(ws)], np.float32)
+    with pytest.raises(ShapeError, match="multiple of group"):
+        conv.conv(x, np.ones(ws, np.float32), group=2)

@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from numba import prange
+from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.nn import _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
@@ -717,6 +718,9 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
     signature: (path, output shape, strides, begin pads, dilations, kernel, images per chunk)."""
     n, c, h, w = xshape
     m = wshape[0]
+    if group < 1 or m % group:
+        raise ShapeError(f"Conv: W has {m} output channels, which group={group} cannot split "
+                         "into equal groups; W's first dimension must be a multiple of group")
     k = tuple(kernel_shape) if kernel_shape else tuple(wshape[2:])
     s, pb, _, d, (oh, ow), _ = _geometry((h, w), k, strides, pads, dilations, auto_pad)
     length = oh * ow
