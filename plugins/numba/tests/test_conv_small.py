@@ -209,3 +209,16 @@ def test_output_channels_not_a_multiple_of_group_is_an_error(ws):
     x = np.ones((1, 4, 5, 5)[:len(ws)], np.float32)
     with pytest.raises(ShapeError, match="multiple of group"):
         conv.conv(x, np.ones(ws, np.float32), group=2)
+
+
+@pytest.mark.parametrize("xs, ws, attrs", [c for c in CASES if len(c[0]) == 4][:6])
+def test_gradients_of_small_convolutions(xs, ws, attrs):
+    """The gradients of a convolution planned as small take the batch-wide GEMM path: against
+    the reference kernels."""
+    assert _plan(xs, ws, attrs, 8)[0] == conv._SMALL
+    x, w, _ = _arrays(xs, ws, np.float64, seed=4)
+    dy = np.random.default_rng(5).standard_normal(OPS["Conv"].kernel(x, w, **attrs).shape)
+    for op, fn in (("ConvInputGrad", conv.conv_input_grad),
+                   ("ConvWeightGrad", conv.conv_weight_grad)):
+        np.testing.assert_allclose(fn(x, w, dy, **attrs), OPS[op].kernel(x, w, dy, **attrs),
+                                   **TOL[np.float64])
