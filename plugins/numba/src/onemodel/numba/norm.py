@@ -35,10 +35,12 @@ def _affine_planes(x, mul, add, out):
             dst[q] = src[q] * a + b
 
 
-@jit(parallel=True)
+@jit(parallel=True, fastmath={"reassoc"})
 def _layer_norm(x, scale, bias, has_bias, eps, rms, out, stats, mean_out, inv_out):
     """Rows of ``x`` normalized into ``out``; with ``stats``, each row's mean and inverse
-    standard deviation stored in ``mean_out`` and ``inv_out`` (of the stash dtype)."""
+    standard deviation stored in ``mean_out`` and ``inv_out`` (of the stash dtype). The sums
+    may be reassociated so that they run in vector lanes (float64 either way): a sum in order
+    is one dependent add per element, 90 of the 100 ns a row of 32 took."""
     rows, width = x.shape
     for r in prange(rows):
         row = x[r]
