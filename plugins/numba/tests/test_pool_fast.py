@@ -45,6 +45,14 @@ GEOMETRIES = [
     ((1, 2, 2, 2), dict(kernel_shape=(3, 3), auto_pad="SAME_LOWER"), SAME),
     ((2, 3, 7, 8), dict(kernel_shape=(2, 2), pads=(0, 0, 1, 1)), SAME),
     ((2, 3, 7, 8), dict(kernel_shape=(2, 2), pads=(1, 1, 0, 0)), SAME),
+    # rows as long as the vector loops' body (16 lanes unrolled 4 times), not only remainders
+    ((1, 2, 9, 70), dict(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)), FIXED),
+    ((2, 2, 7, 135), dict(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1), FIXED),
+    ((1, 2, 6, 130), dict(kernel_shape=(2, 2), strides=(2, 2), pads=(1, 1, 1, 1)), FIXED),
+    ((1, 2, 8, 66), dict(kernel_shape=(3, 3), strides=(2, 1), pads=(1, 1, 1, 1)), FIXED),
+    ((1, 2, 5, 97), dict(kernel_shape=(3, 3)), FIXED),
+    ((2, 2, 5, 70), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), SAME),
+    ((2, 100, 9, 10), dict(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)), FIXED),
     ((1, 4, 9, 11), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), dilations=(2, 1)), GENERIC),
     ((1, 4, 9, 11), dict(kernel_shape=(3, 3), strides=(3, 3)), GENERIC),
     # one window over the whole plane: a plane mean for AveragePool
