@@ -133,6 +133,7 @@ def test_passes_come_from_the_registry_and_declare_their_changes(isolated_regist
 
     passes = default_passes()
     assert [p.name for p in passes] == ["identity", "constant-folding", "cse", "batchnorm-folding",
+                                        "batchnorm-to-affine", "conv-affine-folding",
                                         "matmul-add-to-gemm", "sibling-matmul-merge",
                                         "rms-norm-fusion",
                                         "activation-fusion",

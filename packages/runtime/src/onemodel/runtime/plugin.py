@@ -19,6 +19,8 @@ def onemodel_register_passes(register) -> None:
     register("constant-folding", f"{p}.folding:ConstantFolding", order=20)
     register("cse", f"{p}.cleanup:CommonSubexpressionElimination", order=30)
     register("batchnorm-folding", f"{p}.rewrites:BatchNormFolding", order=40)
+    register("batchnorm-to-affine", f"{p}.affine:BatchNormToAffine", order=41)
+    register("conv-affine-folding", f"{p}.affine:ConvAffineFolding", order=42)
     register("matmul-add-to-gemm", f"{p}.rewrites:MatMulAddToGemm", order=50)
     register("sibling-matmul-merge", f"{p}.siblings:SiblingMatMulMerge", order=52)
     register("rms-norm-fusion", f"{p}.rewrites:RMSNormFusion", order=55)

@@ -1,6 +1,7 @@
 """Optimization passes. The built-in ones register through ``onemodel_register_passes`` like any
 plugin's; ``default_passes()`` lists what the registry holds, in order."""
 
+from .affine import BatchNormToAffine, ConvAffineFolding
 from .attention import AttentionFusion
 from .base import Pass, PassManager
 from .cleanup import CommonSubexpressionElimination, DeadCodeElimination, IdentityElimination
@@ -14,7 +15,8 @@ from .rewrites import (
 )
 from .siblings import SiblingMatMulMerge
 
-__all__ = ["ActivationFusion", "AttentionFusion", "BatchNormFolding",
-           "CommonSubexpressionElimination", "ConstantFolding", "DeadCodeElimination",
+__all__ = ["ActivationFusion", "AttentionFusion", "BatchNormFolding", "BatchNormToAffine",
+           "CommonSubexpressionElimination", "ConstantFolding", "ConvAffineFolding",
+           "DeadCodeElimination",
            "GemmWeightLayout", "IdentityElimination", "MatMulAddToGemm", "Pass", "PassManager",
            "RMSNormFusion", "SiblingMatMulMerge"]

@@ -1,0 +1,146 @@
+"""Per-channel scales and shifts folded away: into the convolution before them, or an inference
+BatchNormalization made the Mul and Add it is, for the elementwise chain after it to take."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Graph, Node
+from .base import Pass, PassResult, Uses, same_spec, spec_of_array
+
+
+def _per_channel(value: np.ndarray | None, channels: int, rank: int) -> np.ndarray | None:
+    """``value`` as a (channels,) vector when, broadcast against an NC... tensor of ``rank``
+    axes, it holds one number per channel (shape (C, 1, ..), (1, C, 1, ..), or one element);
+    else None. It must not add axes or broadcast the tensor up."""
+    if value is None or value.dtype.kind != "f" or value.ndim > rank:
+        return None
+    if value.size == 1:
+        return np.full(channels, value.reshape(-1)[0], value.dtype)
+    shape = (1,) * (rank - value.ndim) + value.shape
+    if shape[1] != channels or any(d != 1 for i, d in enumerate(shape) if i != 1):
+        return None
+    return value.reshape(channels)
+
+
+def _const_operand(graph: Graph, node: Node, value: str) -> str | None:
+    """The other input of a binary ``node`` reading ``value``, when it is an initializer."""
+    if len(node.inputs) != 2 or node.inputs[0] == node.inputs[1]:
+        return None
+    other = node.inputs[1] if node.inputs[0] == value else node.inputs[0]
+    return other if other in graph.initializers else None
+
+
+class ConvAffineFolding(Pass):
+    name = "conv-affine-folding"
+    changes = ("folds a Mul or Add by a per-output-channel constant after a Conv with constant "
+               "weights (Caffe's Scale layer after its BatchNorm, in Inception v2 and "
+               "DenseNet exports) into the Conv's weights and bias")
+
+    # Why: each is a pass over the convolution's output, 45 us apiece on DenseNet-121's maps;
+    # folded, the Relu after them joins the convolution (activation-fusion).
+    def run(self, graph: Graph) -> PassResult:
+        uses = Uses(graph)
+        specs = None
+        done = 0
+        for conv in list(graph.nodes):
+            if conv.op != "Conv" or len(conv.inputs) < 2:
+                continue
+            while True:  # a scale then a shift: both, before elementwise fusion takes the rest
+                folded, specs = self._fold_next(graph, uses, conv, specs)
+                if not folded:
+                    break
+                done += 1
+        return PassResult(done)
+
+    @staticmethod
+    def _fold_next(graph: Graph, uses: Uses, conv: Node, specs):
+        """Fold the Mul or Add that alone reads ``conv``'s output into it; (whether one was
+        folded, the value specs)."""
+        w = graph.initializers.get(conv.inputs[1])
+        b_name = conv.inputs[2] if len(conv.inputs) > 2 else ""
+        b = graph.initializers.get(b_name) if b_name else None
+        if w is None or w.dtype.kind != "f" or (b_name and b is None):
+            return False, specs
+        step = uses.sole_consumer(conv.outputs[0])
+        if step is None or step.op not in ("Mul", "Add"):
+            return False, specs
+        other = _const_operand(graph, step, conv.outputs[0])
+        k = _per_channel(graph.initializers.get(other) if other else None, w.shape[0], w.ndim)
+        if k is None or k.dtype != w.dtype:
+            return False, specs
+        bias = np.zeros(w.shape[0], w.dtype) if b is None else b
+        if step.op == "Mul":
+            w_new = (w * k.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
+            b_new = (bias * k).astype(w.dtype)
+        else:
+            w_new, b_new = w, (bias + k).astype(w.dtype)
+        if specs is None:
+            specs = graph.validate(allow_unknown=True)
+        w_name = conv.inputs[1] if w_new is w else graph.fresh_name(conv.inputs[1] + "_aff")
+        new_b = graph.fresh_name((b_name or conv.name or "conv") + "_bias_aff")
+        specs[w_name], specs[new_b] = spec_of_array(w_new), spec_of_array(b_new)
+        candidate = Node("Conv", [conv.inputs[0], w_name, new_b], [step.outputs[0]],
+                         dict(conv.attrs), conv.name)
+        if not same_spec(candidate, specs, [specs.get(step.outputs[0])]):
+            return False, specs
+        graph.initializers[w_name] = w_new
+        graph.initializers[new_b] = b_new
+        conv.inputs, conv.outputs = candidate.inputs, candidate.outputs
+        uses.producer[step.outputs[0]] = conv
+        graph.nodes.remove(step)
+        return True, specs
+
+
+class BatchNormToAffine(Pass):
+    name = "batchnorm-to-affine"
+    changes = ("replaces an inference BatchNormalization with constant parameters that no "
+               "Conv or Gemm absorbed (DenseNet's after a Concat) with the Mul and Add by "
+               "per-channel constants it computes, so the elementwise chain after it fuses "
+               "with it")
+
+    # Why: DenseNet-121 runs 62 such BatchNorms, each followed by a scale, a shift and a Relu:
+    # one pass over the maps instead of two once the chain is one node.
+    def run(self, graph: Graph) -> PassResult:
+        uses = Uses(graph)
+        specs = None
+        done = 0
+        for bn in list(graph.nodes):
+            if bn.op != "BatchNormalization" or len([o for o in bn.outputs if o]) != 1 or \
+                    bn.attrs.get("training_mode", 0) or not bn.outputs[0]:
+                continue
+            params = [graph.initializers.get(i) for i in bn.inputs[1:5]]
+            if len(params) != 4 or any(p is None or p.ndim != 1 for p in params):
+                continue
+            producer = uses.producer.get(bn.inputs[0])
+            if producer is not None and producer.op in ("Conv", "Gemm"):
+                continue  # batchnorm-folding's to take
+            if specs is None:
+                specs = graph.validate(allow_unknown=True)
+            xs = specs.get(bn.inputs[0])
+            if xs is None or len(xs.shape) < 2 or not xs.dtype.is_floating or \
+                    any(p.dtype != xs.dtype.numpy for p in params):
+                continue
+            scale, shift, mean, var = (p.astype(np.float64) for p in params)
+            factor = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+            tail = (1,) * (len(xs.shape) - 2)
+            a = factor.astype(xs.dtype.numpy).reshape(-1, *tail)
+            c = (shift - mean * factor).astype(xs.dtype.numpy).reshape(-1, *tail)
+            a_name = graph.fresh_name(bn.inputs[1] + "_affine_scale")
+            c_name = graph.fresh_name(bn.inputs[2] + "_affine_shift")
+            scaled = graph.fresh_name(bn.outputs[0] + "_scaled")
+            mul = Node("Mul", [bn.inputs[0], a_name], [scaled], {}, bn.name + "_scale")
+            add = Node("Add", [scaled, c_name], [bn.outputs[0]], {}, bn.name + "_shift")
+            trial = dict(specs)
+            trial[a_name], trial[c_name] = spec_of_array(a), spec_of_array(c)
+            if not same_spec(mul, trial, [None]):
+                continue
+            trial[scaled] = trial[bn.inputs[0]]
+            if not same_spec(add, trial, [specs.get(bn.outputs[0])]):
+                continue
+            graph.initializers[a_name], graph.initializers[c_name] = a, c
+            at = graph.nodes.index(bn)
+            graph.nodes[at:at + 1] = [mul, add]
+            uses.producer[scaled], uses.producer[bn.outputs[0]] = mul, add
+            done += 1
+        return PassResult(done)
