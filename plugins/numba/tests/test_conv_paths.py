@@ -51,6 +51,7 @@ def no_small_path(monkeypatch):
     kernel (tested in test_conv_small.py) instead of the path each is named for."""
     monkeypatch.setattr(conv, "_SMALL_MAX_WORK", -1)
     monkeypatch.setattr(conv, "_SMALL_MAX_WORK_WIDE", -1)
+    monkeypatch.setattr(conv, "_SMALL_MAX_WORK_NARROW", -1)
     conv._plan.cache_clear()
     conv._PLANS.clear()
     yield

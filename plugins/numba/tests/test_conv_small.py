@@ -41,6 +41,11 @@ CASES = [
     ((2, 32, 32), (32, 32, 3), dict(pads=(1, 1), strides=(2,))),
     ((1, 4, 9), (6, 2, 3), dict(group=2, dilations=(2,), pads=(2, 0))),
     ((3, 3, 7), (2, 3, 2), dict(auto_pad="SAME_UPPER", strides=(2,))),
+    # a few output pixels: the kernel of dot products along the weights
+    ((2, 6, 3, 3), (4, 3, 3, 3), dict(group=2, strides=(2, 2), pads=(1, 0, 1, 1))),
+    ((1, 2, 2, 2), (3, 2, 3, 3), dict(pads=(3, 3, 3, 3), strides=(3, 3))),  # bias-only pixels
+    ((2, 40, 1, 1), (10, 40, 1, 1), {}),  # squeeze-and-excitation
+    ((1, 4, 5), (6, 2, 3), dict(group=2, dilations=(2,), strides=(3,), pads=(1, 1))),
 ]
 
 
@@ -114,9 +119,12 @@ def test_small_path_matches_torch(xs, ws, attrs, dtype):
 @pytest.fixture
 def columns_only(monkeypatch):
     """Plans with the small path switched off (the columns and GEMM path)."""
+    saved = conv._SMALL_MAX_WORK, conv._SMALL_MAX_WORK_WIDE, conv._SMALL_MAX_WORK_NARROW
+
     def switch(on):
-        monkeypatch.setattr(conv, "_SMALL_MAX_WORK", 16384 if on else -1)
-        monkeypatch.setattr(conv, "_SMALL_MAX_WORK_WIDE", 98304 if on else -1)
+        for name, value in zip(("_SMALL_MAX_WORK", "_SMALL_MAX_WORK_WIDE",
+                                "_SMALL_MAX_WORK_NARROW"), saved):
+            monkeypatch.setattr(conv, name, value if on else -1)
         conv._plan.cache_clear()
         conv._PLANS.clear()
     yield switch
@@ -196,8 +204,12 @@ def test_which_convolutions_are_small():
     and depthwise convolutions (kernels of their own), keep their paths."""
     assert _plan((1, 4, 8, 8), (8, 4, 3, 3), dict(pads=(1, 1, 1, 1)))[0] == conv._SMALL
     assert _plan((2, 8, 8, 8), (8, 8, 3, 3), dict(pads=(1, 1, 1, 1)))[0] == conv._SMALL
-    # 18432 multiply-adds over 8 output pixels: too narrow for more than _SMALL_MAX_WORK
-    assert _plan((2, 16, 2, 2), (16, 16, 3, 3), dict(pads=(1, 1, 1, 1)))[0] != conv._SMALL
+    # 36864 multiply-adds over 16 output pixels: too narrow for more than _SMALL_MAX_WORK
+    assert _plan((1, 16, 4, 4), (16, 16, 3, 3), dict(pads=(1, 1, 1, 1)))[0] != conv._SMALL
+    # but up to _SMALL_MAX_WORK_NARROW on at most 8
+    assert _plan((2, 16, 2, 2), (16, 16, 3, 3), dict(pads=(1, 1, 1, 1)))[0] == conv._SMALL
+    assert _plan((2, 160, 1, 1), (100, 160, 1, 1), {})[0] == conv._SMALL
+    assert _plan((2, 160, 1, 1), (160, 160, 1, 1), {})[0] == conv._DIRECT
     assert _plan((2, 16, 8, 8), (16, 16, 3, 3), dict(pads=(1, 1, 1, 1)))[0] != conv._SMALL
     assert _plan((2, 8, 8, 8), (8, 1, 3, 3), dict(group=8, pads=(1, 1, 1, 1)))[0] <= conv._DW
     assert _plan((2, 4, 4, 4), (4, 4, 1, 1), {})[0] == conv._SMALL  # 1x1 too
@@ -222,3 +234,14 @@ def test_gradients_of_small_convolutions(xs, ws, attrs):
                    ("ConvWeightGrad", conv.conv_weight_grad)):
         np.testing.assert_allclose(fn(x, w, dy, **attrs), OPS[op].kernel(x, w, dy, **attrs),
                                    **TOL[np.float64])
+
+
+def test_both_kernels_are_covered():
+    """The cases above run both the wide kernel and the narrow one (few output pixels)."""
+    narrow = []
+    for xs, ws, attrs in CASES:
+        plan = _plan(xs, ws, attrs)
+        xs, ws, _ = _attrs_2d(xs, ws, attrs)
+        narrow.append(conv._small_table(xs, ws, attrs.get("group", 1), 0, True, plan)[
+            conv._T_NARROW])
+    assert sum(narrow) >= 5 and len(narrow) - sum(narrow) >= 10

@@ -50,11 +50,14 @@ _ONE_GEMM_MIN_WEIGHTS = 1 << 20
 _TAPS_MAX = 1 << 20  # entries of a depthwise gradient's tap table (8 bytes each)
 # convolutions (not depthwise) of at most this many multiply-adds run as one numba call
 # (:func:`_small_conv`); up to the second figure when the batch's output planes hold at least
-# _SMALL_WIDE pixels (the long rows its loops vectorize). Measured against the columns and a
-# BLAS GEMM (3x3 convolutions, float32, one thread): 1.2-3.4 us against 4.2-5.8 us at 600-18k
-# multiply-adds; on 4-16 pixels ties at 18k-37k, on 32-128 at 74k-150k
+# _SMALL_WIDE pixels (the long rows its loops vectorize), up to the third on at most
+# _SMALL_NARROW pixels (1x1 planes: a kernel of dot products along the weights). Measured
+# against the columns (or the 1x1 GEMM) and BLAS, float32, one thread: 1.2-3.4 us against
+# 4.2-5.8 us at 600-18k multiply-adds on 32 pixels, 1.0-2.4 us against 2.3-4.9 us at 2k-13k
+# on 1x1 planes; ties at 18k-37k on 16 pixels, at 74k-150k on 32-128
 _SMALL_MAX_WORK = 16384
 _SMALL_MAX_WORK_WIDE = 98304
+_SMALL_MAX_WORK_NARROW = 32768
 _SMALL_WIDE = 32
 
 
@@ -420,8 +423,11 @@ def _scatter(res, bias, has_bias, act, y):
 # the small-convolution kernel's table: these scalars, then the output rows that each kernel
 # row reaches inside the image (lo, hi), then the output columns likewise for each kernel column
 _T_N, _T_C, _T_H, _T_W, _T_M, _T_OH, _T_OW, _T_KH, _T_KW, _T_SH, _T_SW, _T_PH, _T_PW, _T_DH, \
-    _T_DW, _T_GROUP, _T_ACT, _T_BIAS = range(18)
-_T_RANGES = 18
+    _T_DW, _T_GROUP, _T_ACT, _T_BIAS, _T_NARROW = range(19)
+_T_RANGES = 19
+# at most this many output pixels (all the images): :func:`_small_conv_narrow`, whose vector
+# loops run along the weights, not the pixels
+_SMALL_NARROW = 8
 
 
 @jit()
@@ -437,6 +443,9 @@ def _small_conv(x, wt, bias, t, out):
     with the bias and activation. No Python between the steps: for a small convolution the
     calls around a BLAS GEMM cost more than the arithmetic. Shapes and attributes come from
     ``t`` (:func:`_small_table`), so x, wt and out may be 3-D (Conv1d) or 4-D, C-contiguous."""
+    if t[_T_NARROW]:
+        _small_conv_narrow(x, wt, bias, t, out)
+        return
     n_img, c_in, h, w = t[_T_N], t[_T_C], t[_T_H], t[_T_W]
     m_out, oh, ow, kh, kw = t[_T_M], t[_T_OH], t[_T_OW], t[_T_KH], t[_T_KW]
     sh, sw, ph, pw, dh, dw = t[_T_SH], t[_T_SW], t[_T_PH], t[_T_PW], t[_T_DH], t[_T_DW]
@@ -501,6 +510,54 @@ def _small_conv(x, wt, bias, t, out):
                         for p in range(length):
                             of[U(ob + p)] = _activate(res[U(rb + p)], act, zero)
             m += block
+
+
+@jit(fastmath={"reassoc"})
+def _small_conv_narrow(x, wt, bias, t, out):
+    """:func:`_small_conv` for a few output pixels (1x1 planes: squeeze-and-excitation): each
+    pixel's column, (C*kh*kw,), is built contiguous, then every output is the dot product of
+    its channel's weights and its pixel's column in the group, a loop along the weights that
+    vectorizes (its sum reassociated), where loops along a handful of pixels would not."""
+    n_img, c_in, h, w = t[_T_N], t[_T_C], t[_T_H], t[_T_W]
+    m_out, oh, ow, kh, kw = t[_T_M], t[_T_OH], t[_T_OW], t[_T_KH], t[_T_KW]
+    sh, sw, ph, pw, dh, dw = t[_T_SH], t[_T_SW], t[_T_PH], t[_T_PW], t[_T_DH], t[_T_DW]
+    group, act, has_bias = t[_T_GROUP], t[_T_ACT], t[_T_BIAS]
+    kk = kh * kw
+    rows = c_in * kk
+    rows_g = rows // group
+    mg = m_out // group
+    hw = h * w
+    length = oh * ow
+    xf = x.reshape(x.size)
+    wf = wt.reshape(wt.size)
+    of = out.reshape(out.size)
+    zero = np.zeros(1, out.dtype)[0]
+    cols = np.zeros(n_img * length * rows, out.dtype)  # (pixel, c*kh*kw)
+    for n in range(n_img):
+        for y in range(oh):
+            for q in range(ow):
+                cb = ((n * oh + y) * ow + q) * rows
+                for i in range(kh):
+                    if y < t[_T_RANGES + 2 * i] or y >= t[_T_RANGES + 2 * i + 1]:
+                        continue
+                    for j in range(kw):
+                        if q < t[_T_RANGES + 2 * kh + 2 * j] or \
+                                q >= t[_T_RANGES + 2 * kh + 2 * j + 1]:
+                            continue
+                        src = n * c_in * hw + (y * sh - ph + i * dh) * w + q * sw - pw + j * dw
+                        for c in range(c_in):
+                            cols[U(cb + c * kk + i * kw + j)] = xf[U(src + c * hw)]
+    for n in range(n_img):
+        for m in range(m_out):
+            wb = m * rows_g
+            ob = (n * m_out + m) * length
+            bv = bias[m] if has_bias else zero
+            for p in range(length):
+                cb = (n * length + p) * rows + (m // mg) * rows_g
+                acc = zero
+                for r in range(rows_g):
+                    acc += wf[U(wb + r)] * cols[U(cb + r)]
+                of[U(ob + p)] = _activate(acc + bv, act, zero)
 
 
 @jit()
@@ -597,7 +654,7 @@ def _small_table(xshape, wshape, group, act, has_bias, plan):
     """The int64 table :func:`_small_conv` runs on (4-D shapes; a Conv1d's as 2-D)."""
     _, (n, m, oh, ow), s, pb, d, k, _ = plan
     t = [n, xshape[1], xshape[2], xshape[3], m, oh, ow, k[0], k[1], s[0], s[1], pb[0], pb[1],
-         d[0], d[1], group, act, int(has_bias)]
+         d[0], d[1], group, act, int(has_bias), int(n * oh * ow <= _SMALL_NARROW)]
     t += _reach(xshape[2], oh, k[0], s[0], pb[0], d[0])
     t += _reach(xshape[3], ow, k[1], s[1], pb[1], d[1])
     table = np.array(t, np.int64)
@@ -685,6 +742,8 @@ def _table_wins(in_sp, k, s, pb, d, out_sp):
 def _small(work, width):
     """Whether a convolution of ``work`` multiply-adds over ``width`` output pixels (all the
     images) is cheaper as one :func:`_small_conv` call than as columns and a GEMM."""
+    if width <= _SMALL_NARROW:
+        return work <= _SMALL_MAX_WORK_NARROW
     return work <= _SMALL_MAX_WORK or (width >= _SMALL_WIDE and work <= _SMALL_MAX_WORK_WIDE)
 
 
