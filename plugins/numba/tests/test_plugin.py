@@ -33,7 +33,8 @@ def _net(rng):
         return b.initializer(name, (rng.standard_normal(shape) * scale).astype(np.float32))
 
     h = b.op("Conv", x, init("w1", 8, 6, 3, 3), init("b1", 8), pads=(1, 1, 1, 1))
-    h = b.op("Relu", b.op("Mul", b.op("Add", h, init("shift", 1, 8, 1, 1)), init("k", 1)))
+    # a per-pixel shift: no per-channel constant conv-affine-folding could take into the Conv
+    h = b.op("Relu", b.op("Mul", b.op("Add", h, init("shift", 1, 8, 15, 13)), init("k", 1)))
     h = b.op("LRN", h, size=3)
     h = b.op("MaxPool", h, kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1)
     h = b.op("Conv", h, init("w2", 8, 1, 3, 3), group=8, pads=(1, 1, 1, 1))
