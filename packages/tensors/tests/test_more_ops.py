@@ -355,3 +355,18 @@ def test_max_pool_indices_match_torch():
                  pads=(1, 0, 1, 0), storage_order=1)
     r, c = np.divmod(ri.numpy(), 6)
     np.testing.assert_array_equal(col.numpy(), r + c * 7 + plane)
+
+
+def test_conv_output_channels_the_group_cannot_split_are_a_shape_error():
+    """PyTorch refuses such weights too; ours says which count and group, never numpy's
+    reshape error from inside the kernel."""
+    import numpy as np
+    import pytest
+
+    from onemodel.tensors import ShapeError, Tensor
+    from onemodel.tensors.ops._grad import call
+
+    x = Tensor.from_numpy(np.zeros((1, 4, 5, 5), np.float32))
+    w = Tensor.from_numpy(np.zeros((5, 2, 3, 3), np.float32))
+    with pytest.raises(ShapeError, match="5 output channels, which group 2"):
+        call("Conv", x, w, group=2)

@@ -159,6 +159,9 @@ def _conv_shape(specs, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         raise ShapeError(
             f"input has {x.shape[1]} channels but W expects {w.shape[1]} x group {group}"
         )
+    if isinstance(w.shape[0], int) and (group < 1 or w.shape[0] % group):
+        raise ShapeError(f"W has {w.shape[0]} output channels, which group {group} cannot "
+                         "split equally; it must be a multiple of the group")
     b = specs[2] if len(specs) > 2 else None
     if b is not None and (len(b.shape) != 1 or (isinstance(b.shape[0], int)
                                                 and isinstance(w.shape[0], int)
