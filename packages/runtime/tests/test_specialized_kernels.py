@@ -200,3 +200,19 @@ def test_split_parts_are_the_generic_views(shape, sizes, attrs):
     grown = np.concatenate([x, x[:1]])  # another shape: the generic call
     for g, w in zip(call(grown, *inputs[1:]), generic(grown, *inputs[1:])):
         np.testing.assert_array_equal(g, w)
+
+
+def test_a_product_writes_whichever_out_it_is_given():
+    """The specialized product keeps the 2-D view of the last out= it was given (a plan hands
+    the same buffer each run); runs of two buffer sets alternate, and each result still lands
+    in the buffer of its own call, never in the other's."""
+    a, b = _x(2, 5, 8), _x(8, 3)
+    want = OPS["MatMul"].kernel(a, b)
+    call = specialize(OPS["MatMul"].kernel, _site("MatMul", [a, b], {}))
+    first, second = np.full(want.shape, np.nan, want.dtype), np.full(want.shape, np.nan, want.dtype)
+    for out in (first, second, first, second):
+        out[...] = np.nan
+        assert call(a, b, out=out) is out
+        np.testing.assert_array_equal(out, want)
+    with pytest.raises(Exception):  # noqa: B017 - a strided out is refused, not written as a copy
+        call(a, b, out=np.empty((2, 3, 5), want.dtype).transpose(0, 2, 1))

@@ -119,14 +119,24 @@ def _matmul_at(site: CallSite):
         flat = len(a_shape) > 2
         a2 = (math.prod(a_shape[:-1]), a_shape[-1])
         o2 = (a2[0], b_shape[1])
+        last = [(None, None)]  # (a given out, its 2-D view): a plan hands the same buffer
 
         def matmul_dot(A, B, out=None):
             if A.shape != a_shape or B.shape != b_shape or A.dtype != dtype or B.dtype != dtype:
                 return site.generic(A, B, out=out)
             if out is None:
                 out = np.empty(out_shape, dtype)
+                if flat:
+                    np.dot(A.reshape(a2), B, out=out.reshape(o2))
+                else:
+                    np.dot(A, B, out=out)
+                return out
             if flat:
-                np.dot(A.reshape(a2), B, out=out.reshape(o2, copy=False))
+                given, view = last[0]  # one tuple: read and written whole, so threads agree
+                if given is not out:
+                    view = out.reshape(o2, copy=False)  # never write into a copy
+                    last[0] = (out, view)
+                np.dot(A.reshape(a2), B, out=view)
             else:
                 np.dot(A, B, out=out)
             return out
