@@ -104,6 +104,12 @@ class _Dual:
         return self.serial(*args)
 
 
+def pick(kernel):
+    """A dual kernel's serial variant with one thread (what ``_Dual.__call__`` would choose,
+    without its per-call sum of the arguments' sizes), the dual kernel itself else."""
+    return kernel if _parallel else kernel.serial
+
+
 def sync_threads() -> None:
     """Size numba's pool to the process's thread setting, when that setting changed. With one
     thread only serial variants run, so the pool is not even started."""

@@ -25,8 +25,7 @@ from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.nn import _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
-from . import _jit
-from ._jit import jit, sync_threads
+from ._jit import jit, pick, sync_threads
 
 U = np.uint64
 ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3}
@@ -847,12 +846,6 @@ def _as_2d(X, W, kernel_shape, pads, strides, dilations, out):
     return X, W, kernel_shape, pads, strides, dilations, out
 
 
-def _pick(kernel):
-    """A dual kernel's serial variant with one thread (what ``_Dual.__call__`` would choose,
-    without its per-call sum of the arguments' sizes), the dual kernel itself else."""
-    return kernel if _jit._parallel else kernel.serial
-
-
 def _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides, out):
     if X.ndim == 3:  # Conv1d (Whisper's stem, wav2vec, TCNs)
         X, W, kernel_shape, pads, strides, dilations, out2 = _as_2d(
@@ -880,11 +873,11 @@ def _run(X, W, bias, has_bias, act, group, plan, out):
         _small_conv(X, W, bias, _small_table(X.shape, W.shape, group, act, has_bias, plan), y)
         return y
     if path == _DW_NHWC:  # bias and activation applied in the same pass
-        _pick(_depthwise_nhwc)(X, W, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias, act, y)
+        pick(_depthwise_nhwc)(X, W, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias, act, y)
         return y
     if path <= _DW:
         kernel = _depthwise_table if path == _DW_TABLE else _depthwise
-        _pick(kernel)(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias,
+        pick(kernel)(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias,
                       act, y)
         return y
     length = oh * ow
@@ -906,12 +899,12 @@ def _run(X, W, bias, has_bias, act, group, plan, out):
             np.matmul(W.reshape(group, mg, c // group), X.reshape(n, group, c // group, length),
                       out=y.reshape(n, group, mg, length))
         if has_bias or act:
-            _pick(_epilogue)(y3, bias, has_bias, act)
+            pick(_epilogue)(y3, bias, has_bias, act)
         return y
     rows = c * k[0] * k[1]
     w3 = W.reshape(group, mg, rows // group)
     cols_all = np.empty(rows * chunk * length, X.dtype)
-    im2col = _pick(_im2col)
+    im2col = pick(_im2col)
     if path == _BY_IMAGE:  # columns of a chunk of images, one GEMM per image into y
         for start in range(0, n, chunk):
             n_img = min(chunk, n - start)
@@ -924,11 +917,11 @@ def _run(X, W, bias, has_bias, act, group, plan, out):
                 np.matmul(w3, cols.reshape(n_img, group, rows // group, length),
                           out=y3[start:start + n_img].reshape(n_img, group, mg, length))
         if has_bias or act:
-            _pick(_epilogue)(y3, bias, has_bias, act)
+            pick(_epilogue)(y3, bias, has_bias, act)
         return y
     # one GEMM per chunk: the weights are read once for all its images
     res_all = np.empty(m * chunk * length, X.dtype)
-    scatter = _pick(_scatter)
+    scatter = pick(_scatter)
     for start in range(0, n, chunk):
         n_img = min(chunk, n - start)
         width = n_img * length
@@ -1098,7 +1091,7 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
     # large stride-1 planes: the columns' GEMM measured as fast or faster for dW
     if _depthwise_grad(X, group, oh, ow, k) and (oh * ow <= 256 or s != (1, 1)):
         dw = np.empty(W.shape, X.dtype)
-        _pick(_depthwise_weight_grad)(X, dY, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], dw)
+        pick(_depthwise_weight_grad)(X, dY, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], dw)
         return dw
     length = oh * ow
     rows = X.shape[1] * k[0] * k[1]
@@ -1110,7 +1103,7 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
         for start in range(0, n, chunk):
             n_img = min(chunk, n - start)
             cols = cols_all[:rows * n_img * length].reshape(n_img, rows, length)
-            _pick(_im2col)(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
+            pick(_im2col)(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
                            d[1], oh, ow, cols, True)
             dw += np.matmul(dy4[start:start + n_img], cols.reshape(
                 n_img, group, rows // group, length).transpose(0, 1, 3, 2)).sum(axis=0)
@@ -1119,7 +1112,7 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
         n_img = min(chunk, n - start)
         width = n_img * length
         cols = cols_all[:rows * width].reshape(rows, n_img, length)
-        _pick(_im2col)(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1],
+        pick(_im2col)(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1],
                        oh, ow, cols, False)
         dyt = _dy_columns(dY, start, n_img, m, length)
         dw += np.matmul(dyt.reshape(group, mg, width),
@@ -1135,7 +1128,7 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
         X, W, dY, auto_pad, dilations, group, kernel_shape, pads, strides)
     if _depthwise_grad(X, group, oh, ow, k):
         dx = np.empty(X.shape, X.dtype)
-        _pick(_depthwise_input_grad)(dY, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], dx)
+        pick(_depthwise_input_grad)(dY, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], dx)
         return dx
     length = oh * ow
     rows = X.shape[1] * k[0] * k[1]
@@ -1150,7 +1143,7 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
             dcols = dcols_all[:rows * n_img * length].reshape(n_img, group, rows // group,
                                                                length)
             np.matmul(wt, dy4[start:start + n_img], out=dcols)
-            _pick(_col2im)(dcols.reshape(n_img, rows, length), k[0], k[1], s[0], s[1], pb[0],
+            pick(_col2im)(dcols.reshape(n_img, rows, length), k[0], k[1], s[0], s[1], pb[0],
                            pb[1], d[0], d[1], oh, ow, dx[start:start + n_img], True)
         return dx
     for start in range(0, n, chunk):
@@ -1159,6 +1152,6 @@ def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ker
         dcols = dcols_all[:rows * width].reshape(group, rows // group, width)
         np.matmul(wt, _dy_columns(dY, start, n_img, m, length).reshape(group, mg, width),
                   out=dcols)
-        _pick(_col2im)(dcols.reshape(rows, n_img, length), k[0], k[1], s[0], s[1], pb[0], pb[1],
+        pick(_col2im)(dcols.reshape(rows, n_img, length), k[0], k[1], s[0], s[1], pb[0], pb[1],
                        d[0], d[1], oh, ow, dx[start:start + n_img], False)
     return dx

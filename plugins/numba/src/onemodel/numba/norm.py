@@ -12,13 +12,7 @@ from numba import prange
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
 from . import _jit
-from ._jit import jit, sync_threads
-
-
-def _pick(kernel):
-    """A dual kernel's serial variant with one thread (what ``_Dual.__call__`` would choose,
-    without its per-call sum of the arguments' sizes), the dual kernel itself else."""
-    return kernel if _jit._parallel else kernel.serial
+from ._jit import jit, pick, sync_threads
 
 
 @jit(parallel=True)
@@ -105,7 +99,7 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, mom
     mul, add = _folded(scale, B, input_mean, input_var, epsilon, X.dtype)
     if out is None:
         out = np.empty_like(X)
-    _pick(_affine_planes)(_planes(X), mul, add, _planes(out))
+    pick(_affine_planes)(_planes(X), mul, add, _planes(out))
     return out
 
 
@@ -181,7 +175,7 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
     if out is None:
         out = np.empty(shape, dtype)
     flat = out.reshape(rows, width)
-    _pick(_layer_norm)(X.reshape(rows, width), sc, sc, False, float(epsilon), True, flat, False,
+    pick(_layer_norm)(X.reshape(rows, width), sc, sc, False, float(epsilon), True, flat, False,
                        _NO_STATS, _NO_STATS)
     return out
 
@@ -190,7 +184,7 @@ def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
     sync_threads()
     X = np.ascontiguousarray(X)
     out = np.empty_like(X)
-    _pick(_lrn)(_planes(X), float(alpha), float(beta), float(bias), int(size), _planes(out))
+    pick(_lrn)(_planes(X), float(alpha), float(beta), float(bias), int(size), _planes(out))
     return out
 
 

@@ -16,15 +16,9 @@ from onemodel.tensors.ops.nn import _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
 from . import _jit
-from ._jit import jit, sync_threads
+from ._jit import jit, pick, sync_threads
 
 U = np.uint64
-
-
-def _pick(kernel):
-    """A dual kernel's serial variant with one thread (what ``_Dual.__call__`` would choose,
-    without its per-call sum of the arguments' sizes), the dual kernel itself else."""
-    return kernel if _jit._parallel else kernel.serial
 
 
 @jit()
@@ -584,7 +578,7 @@ def max_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
     X, out, plan = _setup(X, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, out=out)
     if out.size:
         kernel, tail = _max_call(plan, kernel_shape, strides, X.dtype)
-        _pick(kernel)(X.reshape(-1), out.reshape(-1), *tail)
+        pick(kernel)(X.reshape(-1), out.reshape(-1), *tail)
     return out
 
 
@@ -596,7 +590,7 @@ def average_pool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
                           count_include_pad, out)
     if out.size:
         kernel, tail = _avg_call(plan, kernel_shape, strides, X.dtype)
-        _pick(kernel)(X.reshape(-1), out.reshape(-1), *tail)
+        pick(kernel)(X.reshape(-1), out.reshape(-1), *tail)
     return out
 
 
@@ -724,12 +718,12 @@ def max_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kern
     if _tuple(kernel_shape) == (2, 2) and _tuple(strides) == (2, 2) and d == (1, 1) and \
             h == 2 * oh and w == 2 * ow and hy[0][0] == 0 and wq[0][0] == 0:
         rows = X.shape[0] * X.shape[1] * oh
-        _pick(_max_pool_grad_2x2)(X.reshape(rows, 2, ow, 2), dY.reshape(rows, ow),
+        pick(_max_pool_grad_2x2)(X.reshape(rows, 2, ow, 2), dY.reshape(rows, ow),
                                   dx.reshape(rows, 2, ow, 2), dY.dtype.type(0))
     elif dY.size == 0:
         dx[...] = 0
     else:
-        _pick(_max_pool_grad)(X.reshape(-1), dY.reshape(-1), dx.reshape(-1), h, w, oh, ow, d[0],
+        pick(_max_pool_grad)(X.reshape(-1), dY.reshape(-1), dx.reshape(-1), h, w, oh, ow, d[0],
                               d[1], hy[0], hy[1], hy[2], wq[0], wq[1], wq[2])
     return dx
 
@@ -744,7 +738,7 @@ def average_pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, count_include_pa
     if dY.size == 0:
         dx[...] = 0
         return dx
-    _pick(_avg_pool_grad)(dY.reshape(-1), dx.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl, hy[0],
+    pick(_avg_pool_grad)(dY.reshape(-1), dx.reshape(-1), h, w, oh, ow, d[0], d[1], sw, pl, hy[0],
                           hy[1], hy[2], taps[0], taps[1], hy[3], wq[3], dY.dtype.type(0))
     return dx
 
@@ -773,7 +767,7 @@ def global_average_pool(X, *, out=None):
     length = int(np.prod(X.shape[2:], dtype=np.int64))
     out = _out(out, (n, c) + (1,) * (X.ndim - 2), X.dtype)
     if out.size:
-        _pick(_global_avg)(X.reshape(n * c, length), out.reshape(n * c))
+        pick(_global_avg)(X.reshape(n * c, length), out.reshape(n * c))
     return out
 
 
@@ -823,34 +817,31 @@ def _pool_at(shape, dtype, oshape, kernel, x_flat, out_flat, tail, generic):
     return pool_at
 
 
-@specializer(max_pool)
-def _max_pool_at(site: CallSite):
-    """MaxPool planned for its shapes: the window tables and the kernel's choice made once."""
-    planned = _planned(site)
+def _windows_at(site: CallSite, choose, include_pad=0):
+    """A windowed pool planned for its shapes: the window tables (and counts) and the kernel
+    that ``choose`` (:func:`_max_call` or :func:`_avg_call`) picks for them, made once."""
+    planned = _planned(site, include_pad)
     if planned is None:
         return None
     shape, dtype, oshape, plan = planned
     try:
-        kernel, tail = _max_call(plan, site.attrs.get("kernel_shape", ()),
-                                 site.attrs.get("strides"), dtype)
+        kernel, tail = choose(plan, site.attrs.get("kernel_shape", ()), site.attrs.get("strides"),
+                              dtype)
     except Exception:  # attributes the generic call refuses: it names the problem
         return None
     return _pool_at(shape, dtype, oshape, kernel, -1, -1, tail, site.generic)
+
+
+@specializer(max_pool)
+def _max_pool_at(site: CallSite):
+    """MaxPool planned for its shapes (:func:`_windows_at`)."""
+    return _windows_at(site, _max_call)
 
 
 @specializer(average_pool)
 def _average_pool_at(site: CallSite):
-    """AveragePool planned for its shapes: the window tables and counts made once."""
-    planned = _planned(site, site.attrs.get("count_include_pad", 0))
-    if planned is None:
-        return None
-    shape, dtype, oshape, plan = planned
-    try:
-        kernel, tail = _avg_call(plan, site.attrs.get("kernel_shape", ()),
-                                 site.attrs.get("strides"), dtype)
-    except Exception:  # attributes the generic call refuses: it names the problem
-        return None
-    return _pool_at(shape, dtype, oshape, kernel, -1, -1, tail, site.generic)
+    """AveragePool planned for its shapes, its counts included (:func:`_windows_at`)."""
+    return _windows_at(site, _avg_call, site.attrs.get("count_include_pad", 0))
 
 
 @specializer(global_average_pool)
