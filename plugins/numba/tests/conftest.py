@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# the shared test helpers (conv_arrays.py) import as plain modules
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conv_arrays import conv_arrays
 
 from onemodel.numba import conv
 from onemodel.tensors.ops import OPS
@@ -59,14 +60,6 @@ def no_small_path(monkeypatch):
     conv._PLANS.clear()
 
 
-def _arrays(xs, ws, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    x = (rng.standard_normal(xs) * 2).astype(dtype)
-    w = rng.standard_normal(ws).astype(dtype)
-    b = rng.standard_normal(ws[0]).astype(dtype)
-    return x, w, b
-
-
 def _path(x, w, attrs):
     return conv._plan(x.shape, w.shape, x.itemsize, conv._key(attrs.get("kernel_shape")),
                       conv._key(attrs.get("strides")), conv._key(attrs.get("pads")),
@@ -88,7 +81,7 @@ def _run(x, w, b, act, attrs, out=None):
 @pytest.mark.parametrize("case", CASES, ids=[f"{p}-{i}" for i, (p, *_) in enumerate(CASES)])
 def test_each_path_matches_the_reference(case, dtype):
     path, xs, ws, attrs = case
-    x, w, b = _arrays(xs, ws, dtype)
+    x, w, b = conv_arrays(xs, ws, dtype)
     assert _path(x, w, attrs) == path
     for act, bias in zip(ACTIVATIONS, (b, None, b, None)):
         got, want = _run(x, w, bias, act, attrs)
@@ -99,7 +92,7 @@ def test_each_path_matches_the_reference(case, dtype):
 @pytest.mark.parametrize("case", CASES, ids=[f"{p}-{i}" for i, (p, *_) in enumerate(CASES)])
 def test_out_is_filled_and_returned(case):
     _, xs, ws, attrs = case
-    x, w, b = _arrays(xs, ws, np.float32, seed=1)
+    x, w, b = conv_arrays(xs, ws, np.float32, seed=1)
     for act in ("", "Relu"):
         want = _run(x, w, b, act, attrs)[1]
         out = np.full(want.shape, np.nan, np.float32)
@@ -126,7 +119,7 @@ def small_chunks(monkeypatch):
     ((4, 2, 4, 4), (40, 2, 1, 1), dict(strides=(2, 2))),  # chunks bounded by the GEMM result
 ])
 def test_chunks_forward_and_gradients(xs, ws, attrs, small_chunks):
-    x, w, b = _arrays(xs, ws, np.float64, seed=2)
+    x, w, b = conv_arrays(xs, ws, np.float64, seed=2)
     assert conv._plan(x.shape, w.shape, 8, None, conv._key(attrs.get("strides")),
                       conv._key(attrs.get("pads")), None, "NOTSET", attrs.get("group", 1))[-1] < \
         xs[0]
@@ -143,7 +136,7 @@ def test_chunks_forward_and_gradients(xs, ws, attrs, small_chunks):
                          ids=["table", "plane", "direct", "one-gemm", "by-image", "nhwc"])
 def test_relu_keeps_nan_and_infinities_like_the_reference(case):
     _, xs, ws, attrs = case
-    x, w, b = _arrays(xs, ws, np.float32, seed=4)
+    x, w, b = conv_arrays(xs, ws, np.float32, seed=4)
     x[0, 0, 0, 0] = np.nan
     x[-1, -1, -1, -1] = np.inf
     x[-1, 0, -1, 0] = -np.inf
@@ -156,7 +149,7 @@ def test_relu_keeps_nan_and_infinities_like_the_reference(case):
 
 def test_the_plan_is_made_once_per_signature():
     """Attributes as lists or tuples: the same plan, worked out once."""
-    x, w, b = _arrays((2, 4, 6, 7), (5, 4, 3, 3), np.float32)
+    x, w, b = conv_arrays((2, 4, 6, 7), (5, 4, 3, 3), np.float32)
     conv.conv(x, w, b, pads=[1, 1, 1, 1], strides=[1, 2])
     misses = conv._plan.cache_info().misses
     conv.fused_conv(x, w, b, pads=(1, 1, 1, 1), strides=(1, 2), activation="Tanh")
@@ -178,7 +171,7 @@ def test_the_plan_is_made_once_per_signature():
 def test_depthwise_gradients_match_the_reference(xs, ws, attrs, dtype):
     """The tap-table gradients of depthwise convolutions (a channel multiplier, strides,
     dilation, padding that swallows most taps, an empty batch)."""
-    x, w, _ = _arrays(xs, ws, dtype, seed=5)
+    x, w, _ = conv_arrays(xs, ws, dtype, seed=5)
     assert conv._depthwise_grad(x, attrs["group"], 1, 1, ws[2:])
     dy = np.random.default_rng(6).standard_normal(
         OPS["Conv"].kernel(x, w, **attrs).shape).astype(dtype)
@@ -192,7 +185,7 @@ def test_depthwise_gradients_match_the_reference(xs, ws, attrs, dtype):
 @pytest.mark.parametrize("case", CASES, ids=[f"{p}-{i}" for i, (p, *_) in enumerate(CASES)])
 def test_parallel_variants_match_the_reference(case, parallel_variants):
     path, xs, ws, attrs = case
-    x, w, b = _arrays(xs, ws, np.float32, seed=7)
+    x, w, b = conv_arrays(xs, ws, np.float32, seed=7)
     got, want = _run(x, w, b, "Relu", attrs)
     np.testing.assert_allclose(got, want, **TOL[np.float32])
     if path <= conv._DW:
@@ -215,7 +208,7 @@ CONV1D = [
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("xs, ws, attrs", CONV1D)
 def test_conv1d_runs_as_2d_and_matches_the_reference(xs, ws, attrs, dtype):
-    x, w, b = _arrays(xs, ws, dtype)
+    x, w, b = conv_arrays(xs, ws, dtype)
     want = OPS["Conv"].kernel(x, w, b, **attrs)
     got = conv.conv(x, w, b, **attrs)
     assert got.shape == want.shape and got.dtype == want.dtype
@@ -230,7 +223,7 @@ def test_gradients_of_each_path_match_the_reference(case):
     """The gradients follow the forward's path choice (per image for long rows, one GEMM
     over the batch for short ones): each against the reference kernels."""
     _, xs, ws, attrs = case
-    x, w, _ = _arrays(xs, ws, np.float64, seed=11)
+    x, w, _ = conv_arrays(xs, ws, np.float64, seed=11)
     want = OPS["Conv"].kernel(x, w, **attrs)
     dy = np.random.default_rng(12).standard_normal(want.shape)
     for op, fn in (("ConvInputGrad", conv.conv_input_grad),

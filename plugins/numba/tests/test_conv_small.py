@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conv_arrays import conv_arrays
 
 from onemodel.numba import conv
 from onemodel.tensors import ShapeError
@@ -47,14 +48,6 @@ CASES = [
     ((2, 40, 1, 1), (10, 40, 1, 1), {}),  # squeeze-and-excitation
     ((1, 4, 5), (6, 2, 3), dict(group=2, dilations=(2,), strides=(3,), pads=(1, 1))),
 ]
-
-
-def _arrays(xs, ws, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    x = (rng.standard_normal(xs) * 2).astype(dtype)
-    w = rng.standard_normal(ws).astype(dtype)
-    b = rng.standard_normal(ws[0]).astype(dtype)
-    return x, w, b
 
 
 def _attrs_2d(xs, ws, attrs):
@@ -103,7 +96,7 @@ def _ours(x, w, b, act, attrs, out=None):
 @pytest.mark.parametrize("xs, ws, attrs", CASES)
 def test_small_path_matches_torch(xs, ws, attrs, dtype):
     assert _plan(xs, ws, attrs)[0] == conv._SMALL
-    x, w, b = _arrays(xs, ws, dtype)
+    x, w, b = conv_arrays(xs, ws, dtype)
     for i, act in enumerate(ACTS):
         for bias in (b, None):
             want = _torch(x, w, bias, act, attrs)
@@ -134,7 +127,7 @@ def columns_only(monkeypatch):
 
 @pytest.mark.parametrize("xs, ws, attrs", CASES)
 def test_small_path_matches_the_columns_path(xs, ws, attrs, columns_only):
-    x, w, b = _arrays(xs, ws, np.float32, seed=1)
+    x, w, b = conv_arrays(xs, ws, np.float32, seed=1)
     got = conv.fused_conv(x, w, b, activation="Sigmoid", **attrs)
     columns_only(False)
     assert _plan(xs, ws, attrs)[0] != conv._SMALL
@@ -147,7 +140,7 @@ def test_small_path_matches_the_columns_path(xs, ws, attrs, columns_only):
 
 
 def test_relu_keeps_nan_and_infinities():
-    x, w, b = _arrays((2, 3, 6, 6), (4, 3, 3, 3), np.float32, seed=2)
+    x, w, b = conv_arrays((2, 3, 6, 6), (4, 3, 3, 3), np.float32, seed=2)
     x[0, 0, 0, 0] = np.nan
     x[1, 2, 5, 5] = np.inf
     x[1, 0, 0, 5] = -np.inf
@@ -175,7 +168,7 @@ def test_specialized_call(xs, ws, attrs, consts):
     """The specialized call of a small convolution: the one kernel on planned shapes (strided
     inputs copied, constant weights used as they are, out= filled), the generic call for
     other shapes, dtypes or a missing bias."""
-    x, w, b = _arrays(xs, ws, np.float32, seed=3)
+    x, w, b = conv_arrays(xs, ws, np.float32, seed=3)
     attrs = dict(attrs, activation="Tanh")
     site = _site(conv.fused_conv, [x, w, b], attrs, consts)
     call = specialize(conv.fused_conv, site)
@@ -228,7 +221,7 @@ def test_gradients_of_small_convolutions(xs, ws, attrs):
     """The gradients of a convolution planned as small take the batch-wide GEMM path: against
     the reference kernels."""
     assert _plan(xs, ws, attrs, 8)[0] == conv._SMALL
-    x, w, _ = _arrays(xs, ws, np.float64, seed=4)
+    x, w, _ = conv_arrays(xs, ws, np.float64, seed=4)
     dy = np.random.default_rng(5).standard_normal(OPS["Conv"].kernel(x, w, **attrs).shape)
     for op, fn in (("ConvInputGrad", conv.conv_input_grad),
                    ("ConvWeightGrad", conv.conv_weight_grad)):
