@@ -93,3 +93,24 @@ def test_support_declines_what_the_kernel_does_not_cover():
     assert not supports(q, kt[:, :1], v)  # heads broadcast between Q and Kt
     assert not supports(q, kt, v, np.zeros((4, 4), np.float64))  # another dtype
     assert not supports(q[None], kt[None], v[None])  # rank 5
+
+
+def test_inputs_the_kernels_do_not_cover_go_to_the_reference():
+    """Called directly (not through the registry's supports check), the kernel never reads
+    past an input: heads broadcast between Q and Kt, or float16, are the reference's result;
+    a mask that does not broadcast is an error, never a garbage result; a strided out= is
+    written itself."""
+    q = RNG.standard_normal((2, 3, 5, 8)).astype(np.float32)
+    kt = RNG.standard_normal((2, 1, 8, 5)).astype(np.float32)  # one KV head for three
+    v = RNG.standard_normal((2, 1, 5, 4)).astype(np.float32)
+    np.testing.assert_array_equal(attention.fused_attention(q, kt, v, scale=0.5),
+                                  REFERENCE(q, kt, v, scale=0.5))
+    half = [a.astype(np.float16) for a in (q, kt[:, [0, 0, 0]], v[:, [0, 0, 0]])]
+    np.testing.assert_array_equal(attention.fused_attention(*half), REFERENCE(*half))
+    full = (q, np.repeat(kt, 3, axis=1), np.repeat(v, 3, axis=1))
+    with pytest.raises(ValueError):
+        attention.fused_attention(*full, np.zeros((1, 1, 1, 7), np.float32))  # 7 keys of 5
+    q3, kt3, v3 = q.reshape(6, 5, 8), full[1].reshape(6, 8, 5), full[2].reshape(6, 5, 4)
+    strided = np.full((6, 4, 5), np.nan, np.float32).transpose(0, 2, 1)  # written, not a copy
+    assert attention.fused_attention(q3, kt3, v3, out=strided) is strided
+    np.testing.assert_allclose(strided, REFERENCE(q3, kt3, v3), rtol=2e-5, atol=2e-6)

@@ -17,18 +17,14 @@ import numpy as np
 from numba import prange
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
-from . import _jit
-from ._jit import jit, sync_threads
+from ._jit import jit, pick, sync_threads
 from .softmax import rows_kernel
+from .support import attention as supports
 
 U = np.uint64
 # multiply-adds per head (Sq * Sk * (D + Dv)) up to which the one-pass kernel runs; above it
 # the scores go through BLAS (measured: see docs/benchmarks.md, "Sixth round")
 ROWS_MAX_WORK = 1024
-
-
-def _pick(kernel):
-    return kernel if _jit._parallel else kernel.serial
 
 
 @jit(parallel=True)
@@ -142,16 +138,16 @@ def _run(q4, kt4, v4, m4, has_mask, scale, out4, rows: bool):
         nb, nh, sq, d = q4.shape
         sk, dv = kt4.shape[3], v4.shape[3]
         scratch = np.empty(nb * nh * (sq * d + d * sk + sk * dv + sk + dv), out4.dtype)
-        _pick(_attention_rows)(q4, kt4, v4, m4, has_mask, scale, scratch, out4)
+        pick(_attention_rows)(q4, kt4, v4, m4, has_mask, scale, scratch, out4)
         return
     scores = np.matmul(q4, kt4)
     if has_mask or scale != 1:
-        _pick(_scale_mask)(scores, m4, has_mask, scale)
+        pick(_scale_mask)(scores, m4, has_mask, scale)
     sk = scores.shape[3]
     probs = np.empty(scores.shape, scores.dtype)
     # into a second array: with the rows aliased, the exp loop's run-time overlap check
     # sends it to its scalar version (8.0 against 4.3 us on 68 rows of 17)
-    _pick(rows_kernel(scores.dtype, sk, False))(scores.reshape(-1, sk), probs.reshape(-1, sk),
+    pick(rows_kernel(scores.dtype, sk, False))(scores.reshape(-1, sk), probs.reshape(-1, sk),
                                                 False)
     np.matmul(probs, v4, out=out4)
 
@@ -163,9 +159,24 @@ def _rows_wins(q_shape, kt_shape, v_shape) -> bool:
 _NO_MASK = {np.dtype(t): np.zeros((1, 1, 1, 1), t) for t in (np.float32, np.float64)}
 
 
+def _covered(Q, Kt, V, mask) -> bool:
+    """Whether the kernels compute these inputs: the plugin's supports check, the inner sizes
+    matching and the mask broadcasting to the scores. The kernels index without bounds checks,
+    so anything else goes to the reference kernel (which names a mismatch)."""
+    if not supports(Q, Kt, V, mask) or Q.shape[-1] != Kt.shape[-2] or \
+            Kt.shape[-1] != V.shape[-2]:
+        return False
+    scores = Q.shape[:-1] + Kt.shape[-1:]
+    return mask is None or all(m in (1, n) for m, n in zip(mask.shape[::-1], scores[::-1]))
+
+
 def fused_attention(Q, Kt, V, mask=None, *, scale=1.0, out=None):
     """softmax(Q @ Kt * scale + mask, last axis) @ V for float32/float64 Q, Kt, V of rank 2-4
     with the same leading (batch, head) axes and a mask that broadcasts to the scores."""
+    if not _covered(Q, Kt, V, mask):
+        from onemodel.tensors.ops import OPS
+
+        return OPS["FusedAttention"].kernel(Q, Kt, V, mask, scale=scale, out=out)
     sync_threads()
     dtype = Q.dtype
     y_shape = Q.shape[:-1] + V.shape[-1:]
@@ -173,7 +184,7 @@ def fused_attention(Q, Kt, V, mask=None, *, scale=1.0, out=None):
     m4 = _NO_MASK[dtype] if mask is None else mask.reshape(_four_d(mask.shape))
     _run(Q.reshape(_four_d(Q.shape)), Kt.reshape(_four_d(Kt.shape)),
          V.reshape(_four_d(V.shape)), m4, mask is not None, dtype.type(scale),
-         y.reshape(_four_d(y_shape)), _rows_wins(Q.shape, Kt.shape, V.shape))
+         y.reshape(_four_d(y_shape), copy=False), _rows_wins(Q.shape, Kt.shape, V.shape))
     return y
 
 
@@ -211,7 +222,7 @@ def _fused_attention_at(site: CallSite):
             _run(Q, Kt, V, mask.reshape(m4) if has_mask else no_mask, has_mask, scale, y, rows)
         else:
             _run(Q.reshape(q4), Kt.reshape(kt4), V.reshape(v4),
-                 mask.reshape(m4) if has_mask else no_mask, has_mask, scale, y.reshape(y4),
-                 rows)
+                 mask.reshape(m4) if has_mask else no_mask, has_mask, scale,
+                 y.reshape(y4, copy=False), rows)  # never write into a copy of out
         return y
     return attention_at
