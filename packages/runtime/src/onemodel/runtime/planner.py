@@ -43,6 +43,7 @@ from onemodel.tensors.ops.specialize import CallSite, specialize
 
 from . import buffers as _buffers
 from .buffers import BufferPool, BufferSet
+from .codegen import compile_steps
 from .graph import Graph, GraphError, ValueInfo, small_value
 from .guards import check_guards
 
@@ -91,6 +92,7 @@ class Plan:
     # the planned output buffers (buffers.py), or None. Not a dataclass field: a plan placed on
     # another device (placement.place copies the fields) runs without them
     _pool = None
+    _code = None  # the steps compiled to one function (codegen.py), made at the first run
 
     @property
     def buffer_pool(self) -> BufferPool | None:
@@ -128,38 +130,23 @@ class Plan:
             pool.checkin(bufs)
 
     def _execute(self, arrays: Sequence[np.ndarray], bufs: BufferSet | None) -> list[np.ndarray]:
-        # steps of a plan without buffers all have buf < 0, so ``views`` is never read then
-        views = bufs.views if bufs is not None else ()
-        vals = self._slots(arrays)
-        step = None
+        code = self._code
+        if code is None:  # compiled at the first run: plans made and never run cost nothing
+            code = self._code = compile_steps(self.steps, [s for _, s in self.inputs],
+                                              [s for _, s in self.outputs], self.template)
         try:
-            for step in self.steps:
-                k = step.buf
-                if k < 0:
-                    if step.single_input:
-                        out = step.call(step.gather(vals))
-                    else:
-                        out = step.call(*step.gather(vals))
-                else:
-                    buf = views[k]
-                    if step.single_input:
-                        out = step.call(step.gather(vals), out=buf)
-                    else:
-                        out = step.call(*step.gather(vals), out=buf)
-                    if out is not buf:  # a kernel that broke the out= contract
-                        out = _buffers.into(out, buf, step.call)
-                outs = step.outs
-                if not step.multi:
-                    vals[outs[0]] = out
-                else:
-                    for slot, value in zip(outs, out):
-                        vals[slot] = value
-                for slot in step.release:
-                    vals[slot] = None
+            results = code.run(arrays, bufs.views if bufs is not None else ())
         except Exception as exc:  # any kernel error: name the node (costs nothing until raised)
-            raise step_failure(step, vals, exc) from exc
-        return self._owned([vals[s] for _, s in self.outputs], arrays,
-                           bufs.roots if bufs is not None else frozenset())
+            failed = code.failed_step(exc.__traceback__)
+            if failed is None:
+                raise step_failure(None, {}, exc) from exc
+            raise step_failure(self.steps[failed[0]], failed[1], exc) from exc
+        return self._owned(results, arrays, bufs.roots if bufs is not None else frozenset())
+
+    def steps_changed(self) -> None:
+        """Call after replacing a step's kernel in a plan that has run: the next run compiles
+        the steps again (codegen.py) instead of calling the kernels it compiled in."""
+        self._code = None
 
     def _execute_profiled(self, arrays, profiler, bufs: BufferSet | None) -> list[np.ndarray]:
         clock = profiler.now_us
@@ -238,8 +225,9 @@ def memory_root(a: np.ndarray) -> np.ndarray | None:
     return a
 
 
-def step_failure(step: Step | None, vals: list, exc: Exception) -> OneModelError:
-    """The error for a step whose kernel raised ``exc``."""
+def step_failure(step: Step | None, vals, exc: Exception) -> OneModelError:
+    """The error for a step whose kernel raised ``exc``; ``vals[slot]`` are the values it
+    was given (a list of slots, or slot -> value)."""
     if step is None:
         return ExecutionError(f"the plan failed before its first step: {exc}")
     shapes = ", ".join(_describe(vals[i]) for i in step.ins)

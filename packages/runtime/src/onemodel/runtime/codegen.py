@@ -1,0 +1,103 @@
+"""A plan's steps as one straight-line Python function, so a run pays no interpreter loop.
+
+The loop in ``Plan._execute_profiled`` reads seven attributes of each step, calls an
+``itemgetter`` and stores into a list of slots; on the small graphs that dominate serving
+latency (a few us per node) that was 0.3-0.6 us per step. ``compile_steps`` writes the same
+steps out as code: each slot a local variable, each kernel and constant a global of the
+function, one line per call::
+
+    def run(arrays, views):
+        v3 = arrays[0]
+        v4 = c0(v3, k2)
+        b = views[0]; o = c1(v4, out=b)
+        ...
+
+The source is built only from slot numbers and generated names: nothing from a model file
+reaches it, so compiling it executes no code a file brought. Slots are released (set to
+None) after their last reader exactly as in the loop, so memory is freed as early.
+
+Errors still name the node: ``failed_step`` maps the line a kernel raised on back to its step
+and reads the step's inputs from the function's frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import TracebackType
+
+from . import buffers as _buffers
+
+_NAME = "<onemodel plan>"
+
+
+class CompiledSteps:
+    """A plan's steps compiled to ``run(arrays, views) -> list``: ``arrays`` the feeds in the
+    plan's input order, ``views`` the planned buffers of the run (empty when none)."""
+
+    def __init__(self, run: Callable, line_step: dict[int, int], consts: dict[str, object]):
+        self.run = run
+        self._line_step = line_step
+        self._consts = consts
+
+    def failed_step(self, tb: TracebackType | None) -> tuple[int, dict[int, object]] | None:
+        """(the index of the step whose line raised, slot -> value at that moment) from an
+        exception's traceback, or None when the generated function is not in it (it failed
+        before its first step)."""
+        code = self.run.__code__
+        while tb is not None:
+            if tb.tb_frame.f_code is code:
+                step = self._line_step.get(tb.tb_lineno)
+                if step is None:
+                    return None
+                values = {int(k[1:]): v for k, v in self._consts.items()}
+                values.update((int(k[1:]), v) for k, v in tb.tb_frame.f_locals.items()
+                              if k[0] == "v" and k[1:].isdigit())
+                return step, values
+            tb = tb.tb_next
+        return None
+
+
+def compile_steps(steps: Sequence, input_slots: Sequence[int], output_slots: Sequence[int],
+                  template: Sequence) -> CompiledSteps:
+    """``steps`` (planner.Step) as one function that does what the step loop does."""
+    inputs = set(input_slots)
+    written = {o for st in steps for o in st.outs}
+    ns: dict[str, object] = {"_into": _buffers.into}
+    consts: dict[str, object] = {}
+
+    def ref(slot: int) -> str:
+        if slot in written or slot in inputs:
+            return f"v{slot}"
+        name = f"k{slot}"  # a constant of the plan (or None: an omitted input)
+        consts[name] = template[slot]
+        return name
+
+    lines = ["def run(arrays, views):"]
+    # a slot a step writes starts as the template's value, as the loop's list of slots does
+    lines += [f"    v{slot} = k{slot}" for slot in sorted(written - inputs)
+              if template[slot] is not None]
+    consts.update((f"k{slot}", template[slot]) for slot in written - inputs
+                  if template[slot] is not None)
+    lines += [f"    v{slot} = arrays[{k}]" for k, slot in enumerate(input_slots)]
+    line_step: dict[int, int] = {}
+    for k, st in enumerate(steps):
+        ns[f"c{k}"] = st.call
+        args = ", ".join(ref(i) for i in st.ins)
+        first = len(lines) + 1  # line numbers count from 1
+        if st.buf >= 0:
+            sep = ", " if args else ""
+            lines.append(f"    b = views[{st.buf}]; o = c{k}({args}{sep}out=b)")
+            lines.append(f"    if o is not b: o = _into(o, b, c{k})")
+        else:
+            lines.append(f"    o = c{k}({args})")
+        if st.multi:
+            lines += [f"    v{slot} = o[{j}]" for j, slot in enumerate(st.outs)]
+        else:
+            lines.append(f"    v{st.outs[0]} = o")
+        lines += [f"    v{slot} = None" for slot in st.release]
+        for line in range(first, len(lines) + 1):
+            line_step[line] = k
+    lines.append(f"    return [{', '.join(ref(s) for s in output_slots)}]")
+    ns.update(consts)
+    exec(compile("\n".join(lines), _NAME, "exec"), ns)  # source made of slot numbers only
+    return CompiledSteps(ns["run"], line_step, consts)
