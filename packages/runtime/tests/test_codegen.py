@@ -151,3 +151,42 @@ def test_steps_changed_makes_the_next_run_use_a_replaced_kernel():
     step.call = lambda a, out=None: np.multiply(a, 2.0, out=out)
     plan.steps_changed()
     np.testing.assert_array_equal(s.run({"x": x}, return_numpy=True)["y"], 2 * x)
+
+
+def test_a_declared_method_call_is_written_in_with_its_shape_guard():
+    calls = []
+
+    def reshape_kernel(data):
+        calls.append(data.shape)
+        return data.reshape(3, 2)
+    reshape_kernel.as_method = ("reshape", (3, 2), (2, 3))
+
+    code = compile_steps([_step(reshape_kernel, [2], [3])], [2], [3], [None] * 4)
+    (got,) = code.run([np.arange(6.0).reshape(2, 3)], ())
+    np.testing.assert_array_equal(got, np.arange(6.0).reshape(3, 2))
+    assert calls == []  # the method ran in the plan's own code
+    (got,) = code.run([np.arange(6.0)], ())  # another input shape: the kernel itself
+    np.testing.assert_array_equal(got, np.arange(6.0).reshape(3, 2))
+    assert calls == [(6,)]
+
+
+def test_a_method_name_that_is_not_a_name_is_never_written_in():
+    def kernel(data):
+        return data.T
+    kernel.as_method = ("T; import os", (), None)
+    code = compile_steps([_step(kernel, [2], [3])], [2], [3], [None] * 4)
+    (got,) = code.run([np.ones((2, 3))], ())
+    assert got.shape == (3, 2)
+
+
+def test_reshape_and_transpose_steps_run_as_array_methods():
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, (2, 3, 4))
+    t = b.op("Transpose", x, perm=(0, 2, 1))
+    b.output(b.op("Reshape", t, b.const(np.array([4, -1], np.int64))), "y")
+    s = Session(b.build(), optimize=False)
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(s.run({"x": x}, return_numpy=True)["y"],
+                                  x.transpose(0, 2, 1).reshape(4, -1))
+    plan = s.plan_for({"x": (2, 3, 4)})
+    assert {st.op for st in plan.steps if hasattr(st.call, "as_method")} == {"Transpose", "Reshape"}

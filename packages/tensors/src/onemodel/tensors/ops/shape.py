@@ -85,6 +85,7 @@ def _view_as_output(site: CallSite):
         if data.shape != src:
             return generic(data, *rest)
         return data.reshape(target)
+    view_as_output.as_method = ("reshape", target, src)
     return view_as_output
 
 
@@ -139,7 +140,11 @@ def transpose(data, *, perm=None):
 @specializer(transpose.kernel)
 def _transpose_at(site: CallSite):
     perm = _perm(len(site.shapes[0]), site.attrs.get("perm"))
-    return lambda data: data.transpose(perm)  # numpy checks the rank
+
+    def transposed(data):
+        return data.transpose(perm)  # numpy checks the rank
+    transposed.as_method = ("transpose", perm, None)
+    return transposed
 
 
 # Squeeze / Unsqueeze ---------------------------------------------------------------------------

@@ -9,7 +9,12 @@ a :class:`CallSite` and uses the callable it returns as the step's call.
 The contract (tested for every specializer): the callable takes what the generic call takes
 (the node's inputs, and ``out=`` when the kernel writes out) and returns the same result. It
 checks the shapes it is given and takes the generic path for any other, so a shape rule and a
-kernel that disagree never make a specialized kernel read past an array."""
+kernel that disagree never make a specialized kernel read past an array.
+
+A callable that only calls a method of its first input (a reshape, a transpose) may say so in
+an ``as_method`` attribute, ``(method name, argument, input shape or None)``: the compiled plan
+(runtime/codegen.py) then writes that method call in place of the call, guarded by the input
+shape when one is given (the callable itself for any other shape)."""
 
 from __future__ import annotations
 
