@@ -140,7 +140,8 @@ class Plan:
             failed = code.failed_step(exc.__traceback__)
             if failed is None:
                 raise step_failure(None, {}, exc) from exc
-            raise step_failure(self.steps[failed[0]], failed[1], exc) from exc
+            step, values = self.steps[failed[0]], failed[1]
+            raise step_failure(step, {i: values.get(i) for i in step.ins}, exc) from exc
         return self._owned(results, arrays, bufs.roots if bufs is not None else frozenset())
 
     def steps_changed(self) -> None:
