@@ -23,6 +23,8 @@ def _x(*shape):
     return RNG.standard_normal(shape)
 
 
+GELU = ("Div x0 x1", "Erf t0", "Add t1 x2", "Mul x0 t2", "Mul t3 x3")
+
 # (kernel, inputs (float64 arrays; cast per dtype), attributes, indices of constant inputs,
 #  whether the kernel writes out=)
 CASES = [
@@ -92,6 +94,12 @@ CASES = [
      dict(program=("Sub x0 x1", "Abs t0", "Sqrt t1", "Tanh t2")), (), True),
     (fused.fused_elementwise, [_x(5, 1, 8), _x(1, 3, 1)],
      dict(program=("Mul x0 x1", "Erf t0")), (), True),
+    # scalar constants written into the kernel as literals (GELU as exporters write it)
+    (fused.fused_elementwise, [_x(2, 5, 64), np.array(np.sqrt(2.0)), np.array(1.0),
+                               np.array(0.5)],
+     dict(program=GELU), (1, 2, 3), True),
+    (fused.fused_elementwise, [_x(3, 4), np.array([[np.inf]]), _x(4)],
+     dict(program=("Mul x0 x1", "Add t0 x2")), (1,), True),
 ]
 DTYPES = (np.float32, np.float64)
 
@@ -314,3 +322,19 @@ def test_a_fused_chain_writes_whichever_out_it_is_given():
         out[...] = np.nan
         assert call(x, bias, out=out) is out
         np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scalar_constants_of_a_chain_are_baked_and_only_the_planned_ones_used(dtype):
+    """The planned constants are literals of the kernel; a call given other arrays in their
+    place (equal or not) takes the generic path and uses the values it was given."""
+    x = _x(2, 5, 64).astype(dtype)
+    consts = [np.array(v, dtype) for v in (np.sqrt(2.0), 1.0, 0.5)]
+    site = _site(fused.fused_elementwise, [x, *consts], dict(program=GELU), (1, 2, 3))
+    call = specialize(fused.fused_elementwise, site)
+    assert call.baked == 3
+    _same(call(x, *consts), site.generic(x, *consts))
+    other = [np.array(v, dtype) for v in (2.0, 3.0, 0.25)]
+    _same(call(x, *other), site.generic(x, *other))
+    want = 0.25 * x * (3.0 + np.vectorize(__import__("math").erf)(x / 2.0))
+    np.testing.assert_allclose(call(x, *other), want, rtol=1e-5, atol=1e-6)
