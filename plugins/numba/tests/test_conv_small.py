@@ -46,6 +46,8 @@ CASES = [
     ((2, 6, 3, 3), (4, 3, 3, 3), dict(group=2, strides=(2, 2), pads=(1, 0, 1, 1))),
     ((1, 2, 2, 2), (3, 2, 3, 3), dict(pads=(3, 3, 3, 3), strides=(3, 3))),  # bias-only pixels
     ((2, 40, 1, 1), (10, 40, 1, 1), {}),  # squeeze-and-excitation
+    # strided over 128+ output pixels: up to the strided limit (295k multiply-adds here)
+    ((8, 8, 8, 8), (32, 8, 3, 3), dict(strides=(2, 2), pads=(1, 1, 1, 1))),
     ((1, 4, 5), (6, 2, 3), dict(group=2, dilations=(2,), strides=(3,), pads=(1, 1))),
 ]
 
@@ -112,11 +114,12 @@ def test_small_path_matches_torch(xs, ws, attrs, dtype):
 @pytest.fixture
 def columns_only(monkeypatch):
     """Plans with the small path switched off (the columns and GEMM path)."""
-    saved = conv._SMALL_MAX_WORK, conv._SMALL_MAX_WORK_WIDE, conv._SMALL_MAX_WORK_NARROW
+    names = ("_SMALL_MAX_WORK", "_SMALL_MAX_WORK_WIDE", "_SMALL_MAX_WORK_NARROW",
+             "_SMALL_MAX_WORK_STRIDED")
+    saved = tuple(getattr(conv, name) for name in names)
 
     def switch(on):
-        for name, value in zip(("_SMALL_MAX_WORK", "_SMALL_MAX_WORK_WIDE",
-                                "_SMALL_MAX_WORK_NARROW"), saved):
+        for name, value in zip(names, saved):
             monkeypatch.setattr(conv, name, value if on else -1)
         conv._plan.cache_clear()
         conv._PLANS.clear()
@@ -206,6 +209,12 @@ def test_which_convolutions_are_small():
     assert _plan((2, 16, 8, 8), (16, 16, 3, 3), dict(pads=(1, 1, 1, 1)))[0] != conv._SMALL
     assert _plan((2, 8, 8, 8), (8, 1, 3, 3), dict(group=8, pads=(1, 1, 1, 1)))[0] <= conv._DW
     assert _plan((2, 4, 4, 4), (4, 4, 1, 1), {})[0] == conv._SMALL  # 1x1 too
+    # strided over 128 output pixels: up to _SMALL_MAX_WORK_STRIDED, not when grouped
+    s2 = dict(strides=(2, 2), pads=(1, 1, 1, 1))
+    assert _plan((8, 16, 8, 8), (32, 16, 3, 3), s2)[0] == conv._SMALL  # 590k
+    assert _plan((8, 32, 8, 8), (32, 32, 3, 3), s2)[0] != conv._SMALL  # 1.2M
+    assert _plan((8, 16, 8, 8), (32, 8, 3, 3), dict(s2, group=2))[0] != conv._SMALL
+    assert _plan((2, 16, 8, 8), (32, 16, 3, 3), s2)[0] != conv._SMALL  # 32 pixels, 147k
 
 
 @pytest.mark.parametrize("ws", [(5, 2, 3, 3), (5, 2, 3)])

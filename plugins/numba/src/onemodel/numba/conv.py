@@ -62,6 +62,13 @@ _SMALL_MAX_WORK = 16384
 _SMALL_MAX_WORK_WIDE = 98304
 _SMALL_MAX_WORK_NARROW = 32768
 _SMALL_WIDE = 32
+# strided (ungrouped) convolutions over at least _SMALL_STRIDED_WIDE output pixels: their
+# columns are a gather, so the one-call kernel stays ahead up to _SMALL_MAX_WORK_STRIDED
+# (3x3 stride 2, float32, one thread, best of 7 loops: 8x8x8x8 -> 16 channels 14.1 -> 10.1 us,
+# -> 32 channels 18.0 -> 13.0 us, 8x16x8x8 -> 32 channels 30.6 -> 24.3 us, 4x8x16x16 -> 8
+# channels 15.0 -> 11.0 us; on 32 pixels they tie from 221k multiply-adds on)
+_SMALL_STRIDED_WIDE = 128
+_SMALL_MAX_WORK_STRIDED = 589824
 
 
 # planes per task of the column builder: each task zero-pads its planes one after another in
@@ -747,11 +754,14 @@ def _table_wins(in_sp, k, s, pb, d, out_sp):
     return 6 * inside < k[0] * k[1] * out_sp[0] * wp + 300
 
 
-def _small(work, width):
+def _small(work, width, strided=False):
     """Whether a convolution of ``work`` multiply-adds over ``width`` output pixels (all the
-    images) is cheaper as one :func:`_small_conv` call than as columns and a GEMM."""
+    images) is cheaper as one :func:`_small_conv` call than as columns and a GEMM
+    (``strided``: an ungrouped convolution with a stride, whose columns cost more)."""
     if width <= _SMALL_NARROW:
         return work <= _SMALL_MAX_WORK_NARROW
+    if strided and width >= _SMALL_STRIDED_WIDE and work <= _SMALL_MAX_WORK_STRIDED:
+        return True
     return work <= _SMALL_MAX_WORK or (width >= _SMALL_WIDE and work <= _SMALL_MAX_WORK_WIDE)
 
 
@@ -798,7 +808,7 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
             path = _DW_NHWC
         else:
             path = _DW_TABLE if _table_wins((h, w), k, s, pb, d, (oh, ow)) else _DW
-    elif _small(m * rows // group * n * length, n * length):
+    elif _small(m * rows // group * n * length, n * length, s != (1, 1) and group == 1):
         path = _SMALL
     elif k == (1, 1) and s == (1, 1) and pb == (0, 0) and (oh, ow) == (h, w):
         path = _DIRECT  # the input already is the GEMM operand
