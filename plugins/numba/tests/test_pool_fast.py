@@ -4,7 +4,8 @@ planes): each geometry is checked to reach the kernel it is meant for, then comp
 reference kernel and with PyTorch on odd sizes, ceil_mode, asymmetric and large pads,
 count_include_pad 0/1, NaN and infinities, float32 and float64, with and without out=,
 serially and in parallel, and through the plan-time specializer (an input of another shape
-takes the generic call)."""
+takes the generic call). 2x2 stride-2 pools whose windows all lie inside the image take
+kernels of their own."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
 TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-11, atol=1e-11)}
-SAME, FIXED, GENERIC, PLANE = "same", "fixed", "generic", "plane"
+SAME, FIXED, GENERIC, PLANE, TILES = "same", "fixed", "generic", "plane", "tiles"
 
 # (input shape, attributes, the kernel the MaxPool and AveragePool calls must reach)
 GEOMETRIES = [
@@ -59,6 +60,11 @@ GEOMETRIES = [
     ((2, 5, 7, 7), dict(kernel_shape=(7, 7)), PLANE),
     ((1, 3, 5, 6), dict(kernel_shape=(5, 6), strides=(9, 9), pads=(0, 0, 2, 1)), PLANE),
     ((1, 3, 5, 6), dict(kernel_shape=(5, 6), pads=(1, 0, 0, 0)), GENERIC),  # two windows
+    # 2x2 stride 2 with every window inside the image: four loads per output
+    ((2, 3, 8, 6), dict(kernel_shape=(2, 2), strides=(2, 2)), TILES),
+    ((2, 3, 9, 7), dict(kernel_shape=(2, 2), strides=(2, 2)), TILES),  # last row/column unread
+    ((1, 2, 8, 6), dict(kernel_shape=(2, 2), strides=(2, 2), ceil_mode=1), TILES),
+    ((1, 2, 6, 8), dict(kernel_shape=(2, 2), strides=(2, 2), pads=(0, 0, 1, 1)), TILES),
 ]
 IDS = [f"{kind}-{i}" for i, (_, _, kind) in enumerate(GEOMETRIES)]
 OPS_UNDER_TEST = [("MaxPool", pool.max_pool, {}),
@@ -96,6 +102,8 @@ def _reached(op, x, attrs) -> str:
         kernel, _ = pool._avg_call(plan, a["kernel_shape"], a.get("strides"), x.dtype)
     if kernel is pool._plane_mean:
         return PLANE
+    if kernel in (pool._max_pool_2x2, pool._avg_pool_2x2):
+        return TILES
     if kernel in (pool._max_pool, pool._avg_pool):
         return GENERIC
     k = pool._tuple(a["kernel_shape"])

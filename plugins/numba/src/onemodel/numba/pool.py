@@ -77,6 +77,24 @@ def _max_pool(x, out, h, w, oh, ow, dh, dw, sw, pl, h0, lo_h, hi_h, lo_q, hi_q, 
 
 
 @jit(parallel=True)
+def _avg_pool_2x2(x, out, h, w, oh, ow):
+    """The common 2x2, stride-2 AveragePool whose windows all lie inside the image: four loads
+    per output and no window tables (whose arguments cost more than the work on small
+    planes: a step on 8x16x4x4, 7.8 -> 2.7 us)."""
+    planes = out.shape[0] // (oh * ow)
+    for p in prange(planes):
+        src = p * h * w
+        base = p * oh * ow
+        for y in range(oh):
+            r0 = src + 2 * y * w
+            r1 = r0 + w
+            o = base + y * ow
+            for q in range(ow):
+                out[U(o + q)] = ((x[U(r0 + 2 * q)] + x[U(r0 + 2 * q + 1)])
+                                 + (x[U(r1 + 2 * q)] + x[U(r1 + 2 * q + 1)])) / 4
+
+
+@jit(parallel=True)
 def _max_pool_2x2(x, out, h, w, oh, ow):
     """The common 2x2, stride-2, unpadded MaxPool: four loads per output in one sweep per row
     (the separable path's per-row set-up costs more than this on small planes). NaN planes
@@ -491,8 +509,8 @@ def _out(out, shape, dtype):
 
 
 def _tiles_2x2(kernel_shape, strides, sw, d, hy, wq) -> bool:
-    """Whether a MaxPool is 2x2, stride 2, with its first and last windows inside the image
-    (then so are all the others): :func:`_max_pool_2x2`'s case."""
+    """Whether a pool is 2x2, stride 2, with its first and last windows inside the image
+    (then so are all the others): :func:`_max_pool_2x2`'s and :func:`_avg_pool_2x2`'s case."""
     return _tuple(kernel_shape) == (2, 2) and (sw, d) == (2, (1, 1)) and \
         hy[0][0] == 0 and hy[2][-1] == 2 and wq[0][0] == 0 and wq[2][-1] == 2 and \
         _tuple(strides)[0] == 2
@@ -554,6 +572,8 @@ def _avg_call(plan, kernel_shape, strides, dtype):
     """The AveragePool kernel for one planned call and its arguments after (x, out)."""
     (h, w, oh, ow), (sw, pl), d, hy, wq, taps = plan
     zero = dtype.type(0)
+    if _tiles_2x2(kernel_shape, strides, sw, d, hy, wq):  # every window four elements inside
+        return _avg_pool_2x2, (h, w, oh, ow)
     if (oh, ow) == (1, 1) and d == (1, 1) and _tuple(kernel_shape) == (h, w) and \
             hy[0][0] == 0 and wq[0][0] == 0 and hy[3][0] * wq[3][0] == h * w:
         return _plane_mean, (h * w,)  # the window is the plane, every element counted once
