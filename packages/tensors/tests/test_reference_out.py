@@ -256,7 +256,6 @@ def test_a_plan_reuses_buffers_for_the_reference_writers(isolated_registry):
 
     for st in buffered:
         st.call = recording(st)
-    plan.steps_changed()
     for x in feeds[1:]:
         got = s.run({"x": x}, return_numpy=True)[y]
         np.testing.assert_array_equal(got, plain.run({"x": x}, return_numpy=True)[y])

@@ -38,6 +38,7 @@ class CompiledSteps:
 
     def __init__(self, run: Callable, line_step: dict[int, int], consts: dict[str, object]):
         self.run = run
+        self.edits = 0  # the count of step edits it was compiled after (planner.py)
         self._line_step = line_step
         self._consts = consts
 

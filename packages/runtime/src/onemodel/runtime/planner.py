@@ -74,6 +74,18 @@ class Step:
     # and a device placement (placement.py) hands them to the device's kernel
     attrs: dict | None = None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "attrs" in self.__dict__:  # a step already made: plans compiled before recompile
+            global _STEP_EDITS
+            _STEP_EDITS += 1
+        object.__setattr__(self, name, value)
+
+
+# changes made to steps after they were made (a profiler or a test wrapping a kernel): a
+# compiled plan (codegen.py) older than the last one compiles its steps again
+_STEP_EDITS = 0
+_COMPILED_FROM = ("steps", "template", "inputs", "outputs")
+
 
 @dataclass
 class Plan:
@@ -129,11 +141,18 @@ class Plan:
         finally:
             pool.checkin(bufs)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _COMPILED_FROM:
+            object.__setattr__(self, "_code", None)
+        object.__setattr__(self, name, value)
+
     def _execute(self, arrays: Sequence[np.ndarray], bufs: BufferSet | None) -> list[np.ndarray]:
         code = self._code
-        if code is None:  # compiled at the first run: plans made and never run cost nothing
-            code = self._code = compile_steps(self.steps, [s for _, s in self.inputs],
-                                              [s for _, s in self.outputs], self.template)
+        if code is None or code.edits != _STEP_EDITS:  # compiled at the first run
+            code = compile_steps(self.steps, [s for _, s in self.inputs],
+                                 [s for _, s in self.outputs], self.template)
+            code.edits = _STEP_EDITS
+            self._code = code
         try:
             results = code.run(arrays, bufs.views if bufs is not None else ())
         except Exception as exc:  # any kernel error: name the node (costs nothing until raised)
@@ -143,11 +162,6 @@ class Plan:
             step, values = self.steps[failed[0]], failed[1]
             raise step_failure(step, {i: values.get(i) for i in step.ins}, exc) from exc
         return self._owned(results, arrays, bufs.roots if bufs is not None else frozenset())
-
-    def steps_changed(self) -> None:
-        """Call after replacing a step's kernel in a plan that has run: the next run compiles
-        the steps again (codegen.py) instead of calling the kernels it compiled in."""
-        self._code = None
 
     def _execute_profiled(self, arrays, profiler, bufs: BufferSet | None) -> list[np.ndarray]:
         clock = profiler.now_us
