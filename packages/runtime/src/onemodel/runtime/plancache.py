@@ -46,6 +46,17 @@ class PlanCache:
 
     def _hit(self, key: Hashable) -> Plan | None:
         """The plan under ``key`` (now the most recently used), or None."""
+        entry = self._plans.get(key)
+        if entry is None:
+            return None
+        plan, counted, extra = entry
+        if plan.nbytes + extra == counted:  # the common hit: nothing to recount, no lock
+            try:  # noqa: SIM105 (contextlib.suppress costs more than this whole hit)
+                self._plans.move_to_end(key)  # one C call: atomic under the GIL
+            except KeyError:
+                pass  # evicted by another thread just now: the plan itself still runs
+            self._hits += 1
+            return plan
         with self._lock:
             entry = self._plans.get(key)
             if entry is None:

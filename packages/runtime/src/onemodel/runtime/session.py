@@ -87,8 +87,12 @@ class Session:
         value_inputs = self.graph.value_inputs(self._specs)
         self._value_inputs = [i for i, v in enumerate(self.graph.inputs) if v.name in value_inputs]
         self._output_names = [v.name for v in self.graph.outputs]
+        self._all_outputs = tuple(self._output_names)
         # sequences or optionals among the inputs: their signatures are read element by element
         self._plain_inputs = all(v.kind == "tensor" for v in self.graph.inputs)
+        # the common request, every input a numpy array of its dtype, is checked in one pass
+        self._plain_feed = tuple((v.name, v.dtype.numpy) for v in self.graph.inputs) \
+            if self._plain_inputs else None
         self._plans = PlanCache()
         self._profiler = Profiler() if profile else None
         self.device = devices.normalize(device)
@@ -165,10 +169,10 @@ class Session:
         """Run the graph on ``feeds``: name -> Tensor, numpy array, or anything array-like
         (nested lists, objects with ``__array__``, DLPack producers such as torch tensors).
         Returns name -> Tensor, or name -> numpy array with ``return_numpy=True``."""
-        arrays = self._check_feeds(feeds)
-        wanted = tuple(self._output_names if outputs is None else outputs)
+        arrays = self._plain_arrays(feeds) or self._check_feeds(feeds)
+        wanted = self._all_outputs if outputs is None else tuple(outputs)
         if self._plain_inputs:
-            key = (tuple(a.shape for a in arrays), wanted)
+            key = (tuple([a.shape for a in arrays]), wanted)
         else:
             key = (tuple(_signature(a) for a in arrays), wanted)
         if self._value_inputs:
@@ -230,6 +234,21 @@ class Session:
         return plan
 
     # ------------------------------------------------------------------------------------------
+    def _plain_arrays(self, feeds) -> list[np.ndarray] | None:
+        """The feeds when they are exactly the inputs, each a numpy array of its input's dtype
+        (what a serving loop passes), else None: :meth:`_check_feeds` then converts, or says
+        what is wrong."""
+        plain = self._plain_feed
+        if plain is None or type(feeds) is not dict or len(feeds) != len(plain):
+            return None
+        arrays = []
+        for name, dtype in plain:
+            arr = feeds.get(name)
+            if type(arr) is not np.ndarray or arr.dtype != dtype:
+                return None
+            arrays.append(arr)
+        return arrays
+
     def _check_feeds(self, feeds: Mapping[str, Tensor | np.ndarray]) -> list[np.ndarray]:
         unknown = [k for k in feeds if k not in self._inputs]
         if unknown:
