@@ -131,6 +131,10 @@ CASES = [
      dict(scale=0.35)),
     ("FusedAttention", [(1, 2, 40, 16), (1, 2, 16, 40), (1, 2, 40, 16), (40, 40)], {}),
     ("FusedAttention", [(4, 6, 8), (4, 8, 9), (4, 9, 3)], dict(scale=2.0)),
+    ("FusedGemm", [(3, 7), (7, 5), (5,)], {}),
+    ("FusedGemm", [(4, 6), (9, 6), (9,)], dict(transB=1, activation="Sigmoid")),
+    ("FusedGemm", [(6, 4), (6, 5)], dict(transA=1, activation="Tanh")),
+    ("FusedGemm", [(2, 300), (300, 1100), (1100,)], {}),  # 2 rows by a 1.3 MB weight
     # empty batches
     ("MaxPool", [(0, 3, 5, 5)], dict(kernel_shape=(2, 2))),
     ("AveragePool", [(0, 3, 5, 5)], dict(kernel_shape=(2, 2))),
@@ -143,6 +147,7 @@ CASES = [
     ("Softmax", [(0, 5)], {}),
     ("LogSoftmax", [(0, 5)], {}),
     ("FusedAttention", [(0, 2, 3, 4), (0, 2, 4, 3), (0, 2, 3, 4)], {}),
+    ("FusedGemm", [(0, 4), (4, 3), (3,)], {}),
 ]
 
 # ops whose numba kernel claims float32 only: for float64 its supports check must refuse
@@ -256,7 +261,7 @@ def test_fused_literal_ops_follow_the_reference_on_special_values():
 
 
 @pytest.mark.parametrize("op", ["Conv", "LayerNormalization", "Gelu", "Softmax", "MaxPoolGrad",
-                                "GlobalAveragePool"])
+                                "GlobalAveragePool", "FusedGemm"])
 def test_the_reference_stays_the_fallback(op):
     """Calls a numba kernel does not cover (float16, 3-D convolution, the tanh Gelu) are
     refused by its supports check, so kernel choice falls through to the reference kernel."""
@@ -282,6 +287,15 @@ def test_the_reference_stays_the_fallback(op):
     elif op == "GlobalAveragePool":
         assert not supports(np.zeros((2, 3), np.float32))
         assert not supports(np.zeros((2, 3, 4, 4), np.int32))
+    elif op == "FusedGemm":  # scaled, a bias that is not one row, other dtypes
+        a, b, c = np.zeros((3, 4), np.float32), np.zeros((4, 5), np.float32), np.zeros(5, np.float32)
+        assert supports(a, b, c)
+        assert not supports(a, b, c, alpha=0.5)
+        assert not supports(a, b, c, beta=2.0)
+        assert not supports(a, b, np.zeros((3, 5), np.float32))
+        assert not supports(a, b, c.astype(np.float64))
+        assert not supports(a.astype(np.float16), b.astype(np.float16))
+        assert not supports(a, b, c, activation="LeakyRelu")
     else:
         assert not supports(np.zeros((2, 3), np.float32), approximate="tanh")
         assert not supports(np.zeros((2, 3), np.float16))

@@ -12,7 +12,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from onemodel.numba import attention, conv, fused, norm, pool, softmax
+from onemodel.numba import attention, conv, fused, gemm, norm, pool, softmax
 from onemodel.tensors import OneModelError
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
@@ -53,6 +53,10 @@ CASES = [
     (conv.fused_conv, [_x(1, 8, 5, 5), _x(8, 1, 3, 3), _x(8)],
      dict(activation="Tanh", group=8, pads=(1, 1, 1, 1)), (1, 2), True),
     (conv.fused_conv, [_x(3, 4, 4, 4), _x(4, 4, 1, 1)], {}, (1,), True),
+    (gemm.fused_gemm, [_x(3, 7), _x(7, 5), _x(5)], {}, (1, 2), True),
+    (gemm.fused_gemm, [_x(2, 6), _x(9, 6), _x(9)], dict(transB=1, activation="Sigmoid"),
+     (1, 2), True),
+    (gemm.fused_gemm, [_x(6, 4), _x(6, 5)], dict(transA=1, activation="Tanh"), (), True),
     (pool.max_pool, [_x(8, 8, 16, 16)], dict(kernel_shape=(2, 2), strides=(2, 2)), (), True),
     (pool.max_pool, [_x(2, 3, 9, 9)], dict(kernel_shape=(3, 3), strides=(2, 2),
                                            pads=(1, 1, 1, 1)), (), True),

@@ -34,6 +34,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "LogSoftmax": (f"{_K}.softmax:log_softmax", f"{_K}.support:softmax"),
     "FusedElementwise": (f"{_K}.fused:fused_elementwise", f"{_K}.support:same_float"),
     "FusedAttention": (f"{_K}.attention:fused_attention", f"{_K}.support:attention"),
+    "FusedGemm": (f"{_K}.gemm:fused_gemm", f"{_K}.support:fused_gemm"),
 }
 
 # optimizer updates: no op of the op set, so registered under names that are not op names.
@@ -44,7 +45,7 @@ UPDATES: dict[str, str] = {"optim.SGD": f"{_K}.optim:sgd", "optim.Adam": f"{_K}.
 # kernels that take ``out=`` (a planned buffer they fill and return; see the hookspec)
 WRITES_OUT: set[str] = {"FusedElementwise", "RMSNormalization", "BatchNormalization", "Softmax",
                         "LogSoftmax", "Erf", "Gelu", "MaxPool", "AveragePool", "GlobalAveragePool",
-                        "Conv", "FusedConv", "FusedAttention"}
+                        "Conv", "FusedConv", "FusedAttention", "FusedGemm"}
 
 
 @hookimpl

@@ -24,6 +24,13 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     return activation in ("", "Relu", "Sigmoid", "Tanh") and X.shape[1] == W.shape[1] * group
 
 
+def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0, transB=0):
+    """FusedGemm of float32/float64 2-D matrices with Relu, Sigmoid or Tanh, no scaling, and a
+    bias row of the same dtype (or none)."""
+    return A.ndim == 2 and B.ndim == 2 and _float(A, B, C) and alpha == 1.0 and beta == 1.0 \
+        and activation in ("Relu", "Sigmoid", "Tanh") and (C is None or C.ndim == 1)
+
+
 def _nchw(X) -> bool:
     return X.ndim == 4 and X.dtype in _FLOATS
 
