@@ -342,3 +342,20 @@ def test_scalar_constants_of_a_chain_are_baked_and_only_the_planned_ones_used(dt
     _same(call(x, *other), site.generic(x, *other))
     want = 0.25 * x * (3.0 + np.vectorize(__import__("math").erf)(x / 2.0))
     np.testing.assert_allclose(call(x, *other), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_nan_constant_finds_its_kernel_again():
+    """Two plans of a chain with a NaN constant share one generated kernel (its key holds the
+    literal's text, not a float NaN that equals nothing) and propagate the NaN."""
+    nan = np.array(np.nan, np.float32)
+    for rows in (3, 4):
+        x = _x(rows, 8).astype(np.float32)
+        site = _site(fused.fused_elementwise, [x, nan], dict(program=("Add x0 x1", "Abs t0")),
+                     (1,))
+        call = specialize(fused.fused_elementwise, site)
+        assert call.baked == 1
+        _same(call(x, nan), site.generic(x, nan))
+        assert np.isnan(call(x, nan)).all()
+        if rows == 3:
+            kernels = len(fused._kernels)
+    assert len(fused._kernels) == kernels

@@ -123,15 +123,15 @@ def _collapse(out_shape, shapes):
 
 
 def _source(name: str, steps, d: int, patterns, f32: bool, baked: tuple = ()) -> str:
-    """The kernel's source; ``baked``: (input, value) pairs of scalar constant inputs written
-    in as literals of the kernel's dtype (the kernel does not take them)."""
+    """The kernel's source; ``baked``: (input, literal) pairs of scalar constant inputs
+    written in as values of the kernel's dtype (the kernel does not take them)."""
     n = len(patterns)
     consts = dict(baked)
     xs = ", ".join(f"x{j}" for j in range(n) if j not in consts)
     body = ["@jit(parallel=True)", f"def {name}(out, {xs}):", "    shape = out.shape",
             "    outer = 1"]
-    body += [f"    v{j} = np.float32({_literal(v)})" if f32 else f"    v{j} = {_literal(v)}"
-             for j, v in consts.items()]
+    body += [f"    v{j} = np.float32({lit})" if f32 else f"    v{j} = {lit}"
+             for j, lit in consts.items()]
     body += [f"    outer *= shape[{k}]" for k in range(d - 1)]
     # the index of outer axis k is (t // st_k) % shape[k]: the loop index is never reassigned
     # (a parfor refuses that)
@@ -255,8 +255,9 @@ def _fused_at(site: CallSite):
     if size == 0:
         return None
     # scalar constants of a float chain (GELU's 1/sqrt(2), 1 and 0.5) become literals of the
-    # kernel: fewer arrays for numba to type at each call and none to reshape
-    baked = tuple((j, float(v.reshape(-1)[0])) for j, v in enumerate(site.values)
+    # kernel: fewer arrays for numba to type at each call and none to reshape. Kept as their
+    # text, so a NaN constant finds its kernel again by key (NaN != NaN as a float)
+    baked = tuple((j, _literal(float(v.reshape(-1)[0]))) for j, v in enumerate(site.values)
                   if isinstance(v, np.ndarray) and v.size == 1 and v.dtype == dtype)
     if baked and dtype in _BAKED_DTYPES and len(baked) < len(shapes):
         fn = _kernel(tuple(site.attrs.get("program", ())), len(dims),
