@@ -1,5 +1,5 @@
-"""Each path of the numba convolution (the depthwise channels-last, tap-table and padded-plane
-kernels, the direct 1x1 GEMMs, columns with one GEMM per image or one GEMM over the whole
+"""Each path of the numba convolution (the depthwise channels-last, tap-table, written-out and
+padded-plane kernels, the direct 1x1 GEMMs, columns with one GEMM per image or one GEMM over the whole
 batch, chunked or not) against the reference kernel, with and without a planned ``out=``
 buffer; the gradients over several chunks and of depthwise convolutions; Relu keeping NaN as
 the reference does. Each case also checks that it takes the path it is named for, so a change
@@ -25,7 +25,15 @@ CASES = [
     # dilated 5x5 over a 4x4 plane (LR-ASPP): most taps fall in the padding
     (conv._DW_TABLE, (2, 6, 4, 4), (6, 1, 5, 5), dict(group=6, pads=(4, 4, 4, 3),
                                                       dilations=(2, 2))),
-    (conv._DW, (2, 4, 9, 8), (4, 1, 3, 3), dict(group=4, pads=(1, 1, 1, 1))),
+    (conv._DW_TAPS, (2, 4, 9, 8), (4, 1, 3, 3), dict(group=4, pads=(1, 1, 1, 1))),
+    # a channel multiplier, strides, dilations and uneven pads: every phase of the plane
+    (conv._DW_TAPS, (2, 3, 27, 29), (6, 1, 3, 5), dict(group=3, strides=(2, 3),
+                                                       pads=(2, 1, 1, 3), dilations=(2, 1))),
+    (conv._DW_TAPS, (1, 16, 16, 16), (16, 1, 3, 3), dict(group=16, pads=(1, 1, 1, 1))),
+    (conv._DW_TAPS, (1, 16, 33, 32), (16, 1, 3, 3), dict(group=16, strides=(2, 2),
+                                                         pads=(0, 1, 1, 0))),
+    # more taps than the written-out kernel takes: the per-tap padded-plane kernel
+    (conv._DW, (1, 3, 12, 12), (3, 1, 9, 9), dict(group=3, pads=(4, 4, 4, 4))),
     (conv._DIRECT, (1, 10, 5, 6), (7, 10, 1, 1), {}),
     (conv._DIRECT, (3, 10, 1, 1), (7, 10, 1, 1), {}),  # (N, C) @ (C, M), C >= M
     (conv._DIRECT, (3, 6, 1, 1), (11, 6, 1, 1), {}),  # C < M: one GEMM per image

@@ -25,6 +25,7 @@ from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.nn import _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
+from . import depthwise
 from ._jit import jit, pick, sync_threads
 
 U = np.uint64
@@ -41,6 +42,12 @@ _NHWC_MAX_LENGTH_STRIDED = 256
 # strided depthwise outputs of at most this many pixels per plane take the tap-table kernel:
 # measured faster there than the padded-plane (stride-phase) kernel, slower on larger planes
 _TABLE_MAX_STRIDED = 64
+# windows of up to this many taps over planes of this many output pixels (or more) take the
+# written-out kernel (depthwise.py) rather than the channels-last one: 3x3 on 8x8 1.6-1.8x,
+# 3x3 stride 2 on 16x16 3.9x faster; 5x5 and 7x7 on small planes stay channels-last (2-8x)
+_TAPS_OVER_NHWC = 9
+_TAPS_MIN_LENGTH = 64
+_TAPS_MIN_LENGTH_STRIDED = 256
 # GEMM over the whole batch at once (the weights read once, the result scattered to NCHW) when
 # each image's GEMM is skinny, or the weights are too big to stay in a core's cache between
 # images; else one GEMM per image, writing the output in place
@@ -334,7 +341,11 @@ def _depthwise_nhwc(x, wt, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
     """The depthwise convolution (one output channel per input channel) of small planes with
     many channels: input and weights copied channels-last, so every tap of an output pixel
     is one contiguous multiply-add over all the channels (vectorized), and only taps inside
-    the image are visited; the result is stored back to NCHW with bias and activation."""
+    the image are visited; the channels-last result is stored back to NCHW with the
+    activation. Each copy is written contiguously and read with a stride, which costs less
+    than the other way round, except when reading planes of more than 64 pixels: their rows
+    lie 4 KiB or more apart, and the strided reads then collide in the cache (16 channels of
+    32x32: 33 against 24 us)."""
     n_img, c, h, w = x.shape
     oh, ow = out.shape[2], out.shape[3]
     kh, kw = wt.shape[2], wt.shape[3]
@@ -345,27 +356,35 @@ def _depthwise_nhwc(x, wt, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
     wf = wt.reshape(wt.size)
     of = out.reshape(out.size)
     xt = np.empty(x.size, x.dtype)  # (n, h, w, c)
-    for t in prange(n_img * c):
-        n = t // c
-        ch = t % c
-        for q in range(hw):
-            xt[U((n * hw + q) * c + ch)] = xf[U(t * hw + q)]
+    if hw <= 64:
+        for t in prange(n_img * hw):
+            n = t // hw
+            src = n * c * hw + (t - n * hw)
+            for ch in range(c):
+                xt[U(t * c + ch)] = xf[U(src + ch * hw)]
+    else:
+        for t in prange(n_img * c):
+            n = t // c
+            ch = t - n * c
+            for q in range(hw):
+                xt[U((n * hw + q) * c + ch)] = xf[U(t * hw + q)]
     wtt = np.empty(kk * c, x.dtype)  # (kh, kw, c)
     for ch in range(c):
         for q in range(kk):
             wtt[U(q * c + ch)] = wf[U(ch * kk + q)]
     zero = np.zeros(1, out.dtype)[0]
+    ot = np.empty(n_img * length * c, out.dtype)  # (n, oh, ow, c)
     for t in prange(n_img * oh):
         n = t // oh
-        y = t % oh
-        acc = np.empty(c, out.dtype)
+        y = t - n * oh
         for xo in range(ow):
+            ob = (t * ow + xo) * c
             if has_bias:
                 for ch in range(c):
-                    acc[U(ch)] = bias[U(ch)]
+                    ot[U(ob + ch)] = bias[U(ch)]
             else:
                 for ch in range(c):
-                    acc[U(ch)] = zero
+                    ot[U(ob + ch)] = zero
             for i in range(kh):
                 iy = y * sh - ph + i * dh
                 if iy < 0 or iy >= h:
@@ -377,10 +396,21 @@ def _depthwise_nhwc(x, wt, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
                     xb = ((n * h + iy) * w + ix) * c
                     wb = (i * kw + j) * c
                     for ch in range(c):
-                        acc[U(ch)] += xt[U(xb + ch)] * wtt[U(wb + ch)]
-            ob = n * c * length + y * ow + xo
-            for ch in range(c):
-                of[U(ob + ch * length)] = _activate(acc[U(ch)], act, zero)
+                        ot[U(ob + ch)] += xt[U(xb + ch)] * wtt[U(wb + ch)]
+    for t in prange(n_img * c):
+        n = t // c
+        src = n * length * c + (t - n * c)
+        dst = t * length
+        if act == 0:
+            for p in range(length):
+                of[U(dst + p)] = ot[U(src + p * c)]
+        elif act == 1:  # Relu; NaN stays NaN
+            for p in range(length):
+                v = ot[U(src + p * c)]
+                of[U(dst + p)] = zero if v < zero else v
+        else:
+            for p in range(length):
+                of[U(dst + p)] = _activate(ot[U(src + p * c)], act, zero)
 
 
 @jit(parallel=True)
@@ -737,19 +767,34 @@ def _depthwise_weight_grad(x, dy, mult, sh, sw, ph, pw, dh, dw, dwt):
             dwf[U(m * kk + k)] = acc[U(k)]
 
 
-_DW_NHWC, _DW_TABLE, _DW, _DIRECT, _BY_IMAGE, _ONE_GEMM, _SMALL = range(7)
+_DW_NHWC, _DW_TABLE, _DW_TAPS, _DW, _DIRECT, _BY_IMAGE, _ONE_GEMM, _SMALL = range(8)
 
 
 def _table_wins(in_sp, k, s, pb, d, out_sp):
-    """Whether the tap-table depthwise kernel beats the padded-plane one. Strided: small
-    output planes. Stride 1: a cost model fitted to measurements, per channel: the table
-    costs about 6 units per tap inside the image, the padded plane one unit per
-    multiply-add over the padded-width plane (vectorized) plus 300 of set-up."""
+    """Whether the tap-table depthwise kernel beats the other one for this geometry: the
+    written-out kernel (``depthwise.py``) for windows of up to ``depthwise.MAX_TAPS`` taps,
+    else the padded-plane one. Cost models fitted to measurements, in ns per channel: the
+    table about 1 per tap inside the image plus 40; the written-out kernel 60, plus 4 per tap
+    of its expression, 0.05 per tap and plane position (vectorized) and 0.3 per input pixel
+    copied (0.5 and 20 per phase at a stride); the padded-plane kernel
+    one unit per multiply-add over the padded-width plane plus 300 of set-up (stride 1; at
+    a stride it loses to the table on output planes of up to 64 pixels). The table wins
+    where most of a window falls in the padding (5x5 over a 2x2 plane)."""
+    inside = 1
+    for size, kk, st, p, dd, o in zip(in_sp, k, s, pb, d, out_sp):
+        inside *= sum(1 for y in range(o) for i in range(kk) if 0 <= y * st - p + i * dd < size)
+    taps = k[0] * k[1]
+    if taps <= depthwise.MAX_TAPS:
+        if s == (1, 1):
+            wq = max(out_sp[1] + (k[1] - 1) * d[1], pb[1] + in_sp[1])
+        else:  # the width of a stride phase
+            wq = out_sp[1] + ((k[1] - 1) * d[1]) // s[1]
+        span = (out_sp[0] - 1) * wq + out_sp[1]
+        plane = in_sp[0] * in_sp[1]
+        fill = 0.3 * plane if s == (1, 1) else 0.5 * plane + 20 * s[0] * s[1]
+        return inside + 40 < 60 + 4 * taps + 0.05 * taps * span + fill
     if s != (1, 1):
         return out_sp[0] * out_sp[1] <= _TABLE_MAX_STRIDED
-    inside = 1
-    for size, kk, p, dd, o in zip(in_sp, k, pb, d, out_sp):
-        inside *= sum(1 for y in range(o) for i in range(kk) if 0 <= y - p + i * dd < size)
     wp = max(out_sp[1] + (k[1] - 1) * d[1], pb[1] + in_sp[1])
     return 6 * inside < k[0] * k[1] * out_sp[0] * wp + 300
 
@@ -803,11 +848,16 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
     length = oh * ow
     rows = c * k[0] * k[1]
     if group > 1 and c == group:
+        taps = k[0] * k[1]
         if m == c and c >= _NHWC_MIN_CHANNELS and (
-                length <= _NHWC_MAX_LENGTH or (s != (1, 1) and length <= _NHWC_MAX_LENGTH_STRIDED)):
+                length <= _NHWC_MAX_LENGTH or (s != (1, 1) and length <= _NHWC_MAX_LENGTH_STRIDED)
+        ) and not (taps <= _TAPS_OVER_NHWC and
+                   length >= (_TAPS_MIN_LENGTH if s == (1, 1) else _TAPS_MIN_LENGTH_STRIDED)):
             path = _DW_NHWC
+        elif _table_wins((h, w), k, s, pb, d, (oh, ow)):
+            path = _DW_TABLE
         else:
-            path = _DW_TABLE if _table_wins((h, w), k, s, pb, d, (oh, ow)) else _DW
+            path = _DW_TAPS if taps <= depthwise.MAX_TAPS else _DW
     elif _small(m * rows // group * n * length, n * length, s != (1, 1) and group == 1):
         path = _SMALL
     elif k == (1, 1) and s == (1, 1) and pb == (0, 0) and (oh, ow) == (h, w):
@@ -886,7 +936,8 @@ def _run(X, W, bias, has_bias, act, group, plan, out):
         pick(_depthwise_nhwc)(X, W, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias, act, y)
         return y
     if path <= _DW:
-        kernel = _depthwise_table if path == _DW_TABLE else _depthwise
+        kernel = _depthwise_table if path == _DW_TABLE else (
+            depthwise.kernel(k[0], k[1]) if path == _DW_TAPS else _depthwise)
         pick(kernel)(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias,
                       act, y)
         return y

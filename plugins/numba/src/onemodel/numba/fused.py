@@ -9,14 +9,9 @@ directory, so numba's on-disk cache holds it across processes like any other ker
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
 import operator
-import os
-import sys
-import tempfile
 import threading
-from pathlib import Path
 
 import numpy as np
 
@@ -24,7 +19,7 @@ from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.fused import parse_program
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
-from . import _jit
+from . import _generated, _jit
 from ._jit import sync_threads
 
 _kernels: dict[tuple, object] = {}
@@ -163,14 +158,6 @@ def _source(name: str, steps, d: int, patterns, f32: bool, baked: tuple = ()) ->
     return _HEADER + "\n" + "\n".join(body) + "\n"
 
 
-def _cache_dir() -> str:
-    base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(tempfile.gettempdir(),
-                                                             "onemodel-numba")
-    path = os.path.join(base, "onemodel_fused")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
 def _kernel(program: tuple, d: int, patterns, f32: bool, baked: tuple = ()):
     key = (program, d, patterns, f32, baked) if baked else (program, d, patterns, f32)
     fn = _kernels.get(key)
@@ -182,19 +169,7 @@ def _kernel(program: tuple, d: int, patterns, f32: bool, baked: tuple = ()):
             steps = parse_program(program, len(patterns))
             digest = hashlib.sha1(repr(key).encode()).hexdigest()[:16]
             name = f"fused_{digest}"
-            source = _source("kernel", steps, d, patterns, f32, baked)
-            path = os.path.join(_cache_dir(), name + ".py")
-            if not os.path.exists(path) or Path(path).read_text() != source:
-                tmp = f"{path}.{os.getpid()}.tmp"
-                with open(tmp, "w") as f:
-                    f.write(source)
-                os.replace(tmp, path)
-            modname = f"onemodel_numba_generated.{name}"
-            spec = importlib.util.spec_from_file_location(modname, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[modname] = module
-            spec.loader.exec_module(module)
-            fn = module.kernel
+            fn = _generated.load(name, _source("kernel", steps, d, patterns, f32, baked)).kernel
             _kernels[key] = fn
     return fn
 
