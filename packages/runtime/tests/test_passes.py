@@ -107,7 +107,7 @@ def test_matmul_add_is_left_alone_for_3d_inputs():
     assert [n.op for n in optimized.nodes] == [n.op for n in g.nodes]
 
 
-@pytest.mark.parametrize("activation", ["Relu", "Sigmoid", "Tanh"])
+@pytest.mark.parametrize("activation", ["Relu", "Sigmoid", "Tanh", "HardSwish"])
 def test_activation_fusion(activation):
     rng = np.random.default_rng(2)
     b = GraphBuilder()

@@ -51,7 +51,7 @@ CASES = [
                                                          pads=(2, 1, 0, 1), dilations=(2, 1))),
     (conv._DW_NHWC, (1, 32, 3, 3), (32, 1, 3, 3), dict(group=32, auto_pad="SAME_UPPER")),
 ]
-ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh"]
+ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish"]
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +91,7 @@ def test_each_path_matches_the_reference(case, dtype):
     path, xs, ws, attrs = case
     x, w, b = conv_arrays(xs, ws, dtype)
     assert _path(x, w, attrs) == path
-    for act, bias in zip(ACTIVATIONS, (b, None, b, None)):
+    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b)):
         got, want = _run(x, w, bias, act, attrs)
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_allclose(got, want, **TOL[dtype])

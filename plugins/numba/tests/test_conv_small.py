@@ -20,8 +20,9 @@ from onemodel.tensors.ops.nn import _geometry
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
 TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-11, atol=1e-11)}
-ACTS = ["", "Relu", "Sigmoid", "Tanh"]
-TORCH_ACT = {"": lambda t: t, "Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh}
+ACTS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish"]
+TORCH_ACT = {"": lambda t: t, "Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh,
+             "HardSwish": lambda t: t * torch.clamp(t / 6 + 0.5, 0, 1)}  # ONNX's formula
 
 # (X shape, W shape, attributes); every one is small (asserted)
 CASES = [

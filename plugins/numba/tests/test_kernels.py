@@ -34,7 +34,7 @@ CASES = [
                       ((3, 5, 8, 8), (7, 5, 3, 3), dict(auto_pad="SAME_UPPER", strides=(2, 2))),
                       ((3, 12, 5, 6), (9, 4, 1, 1), dict(group=3)))],
     *[("FusedConv", [(2, 6, 9, 9), (4, 6, 3, 3), (4,)], dict(activation=a, pads=(1, 1, 1, 1)))
-      for a in ("Relu", "Sigmoid", "Tanh")],
+      for a in ("Relu", "Sigmoid", "Tanh", "HardSwish")],
     ("FusedConv", [(1, 6, 9, 9), (6, 1, 3, 3), (6,)], dict(activation="Relu", group=6,
                                                             strides=(2, 2))),
     # depthwise with the bias and activation applied as the rows are stored (stride 1 and not,

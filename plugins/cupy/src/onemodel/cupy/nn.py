@@ -82,7 +82,12 @@ def _activate(xp, y, activation):
         return xp.tanh(y, out=y)
     if activation == "Sigmoid":
         return sigmoid(y)
-    raise ShapeError(f"unknown fused activation {activation!r}; expected Relu, Sigmoid or Tanh")
+    if activation == "HardSwish":  # the formula of the HardSwish op
+        gate = xp.clip(y / scalar(6, y.dtype) + scalar(0.5, y.dtype), scalar(0, y.dtype),
+                       scalar(1, y.dtype))
+        return xp.multiply(y, gate, out=y)
+    raise ShapeError(f"unknown fused activation {activation!r}; expected Relu, Sigmoid, Tanh or "
+                     "HardSwish")
 
 
 def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=None, group=1,

@@ -5,6 +5,7 @@ is made by this package from op attributes and shapes alone, never from text in 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import sys
@@ -23,10 +24,28 @@ def cache_dir() -> str:
     return path
 
 
+_built_against: list[str] = []
+
+
+def _package_digest() -> str:
+    """A digest of this package's own sources. numba's cache revalidates a function by its
+    file's time stamp only, not those of the functions it calls in other files: a generated
+    file left unchanged would keep machine code compiled against an older ``_activate`` after
+    an upgrade. Its text carries this digest, so it is rewritten (and recompiled) instead."""
+    if not _built_against:
+        here = Path(__file__).resolve().parent
+        digest = hashlib.sha1()
+        for path in sorted(here.glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        _built_against.append(digest.hexdigest()[:16])
+    return _built_against[0]
+
+
 def load(name: str, source: str) -> ModuleType:
     """The module ``name`` made of ``source``: the file is (re)written atomically when missing
     or different, so concurrent processes never import half a file. Callers hold their own lock
     and memoize the result."""
+    source = f"{source}\n# built against onemodel.numba sources {_package_digest()}\n"
     path = os.path.join(cache_dir(), name + ".py")
     if not os.path.exists(path) or Path(path).read_text() != source:
         tmp = f"{path}.{os.getpid()}.tmp"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_ACTIVATIONS = ("", "Relu", "Sigmoid", "Tanh", "HardSwish")  # conv.ACT_CODES (numba-free here)
 
 
 def _float(*arrays) -> bool:
@@ -21,14 +22,14 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         return False
     if kernel_shape and tuple(kernel_shape) != tuple(W.shape[2:]):
         return False
-    return activation in ("", "Relu", "Sigmoid", "Tanh") and X.shape[1] == W.shape[1] * group
+    return activation in _ACTIVATIONS and X.shape[1] == W.shape[1] * group
 
 
 def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0, transB=0):
-    """FusedGemm of float32/float64 2-D matrices with Relu, Sigmoid or Tanh, no scaling, and a
-    bias row of the same dtype (or none)."""
+    """FusedGemm of float32/float64 2-D matrices with Relu, Sigmoid, Tanh or HardSwish, no
+    scaling, and a bias row of the same dtype (or none)."""
     return A.ndim == 2 and B.ndim == 2 and _float(A, B, C) and alpha == 1.0 and beta == 1.0 \
-        and activation in ("Relu", "Sigmoid", "Tanh") and (C is None or C.ndim == 1)
+        and activation in _ACTIVATIONS[1:] and (C is None or C.ndim == 1)
 
 
 def _nchw(X) -> bool:

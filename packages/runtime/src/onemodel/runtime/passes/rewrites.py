@@ -133,7 +133,7 @@ class MatMulAddToGemm(Pass):
 
 class ActivationFusion(Pass):
     name = "activation-fusion"
-    changes = ("fuses Relu, Sigmoid or Tanh into the Conv or Gemm before it "
+    changes = ("fuses Relu, Sigmoid, Tanh or HardSwish into the Conv or Gemm before it "
                "(FusedConv, FusedGemm)")
 
     def run(self, graph: Graph) -> PassResult:

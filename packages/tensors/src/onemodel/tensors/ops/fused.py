@@ -16,7 +16,7 @@ from .linalg import _gemm_shape, _matmul_shape, gemm, matmul
 from .nn import _conv_shape, conv
 from .specialize import CallSite, specialize, specializer
 
-ACTIVATIONS = ("Relu", "Sigmoid", "Tanh")
+ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "HardSwish")
 
 
 def _activate(y: np.ndarray, activation: str) -> np.ndarray:
@@ -31,6 +31,9 @@ def _activate(y: np.ndarray, activation: str) -> np.ndarray:
         np.divide(1, 1 + e, out=y, where=pos)
         np.divide(e, 1 + e, out=y, where=~pos)
         return y
+    if activation == "HardSwish":  # MobileNetV3's; the formula of the HardSwish op
+        gate = np.clip(y / y.dtype.type(6) + y.dtype.type(0.5), 0, 1)
+        return np.multiply(y, gate, out=y)
     raise ShapeError(f"unknown fused activation {activation!r}; expected one of {ACTIVATIONS}")
 
 
@@ -41,7 +44,7 @@ def _fused_conv_shape(specs, *, activation="Relu", **attrs):
 @defop("FusedConv", shape=_fused_conv_shape, domain="onemodel")
 def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=None, group=1,
                kernel_shape=None, pads=None, strides=None):
-    """Conv followed by ``activation`` (Relu, Sigmoid or Tanh)."""
+    """Conv followed by ``activation`` (Relu, Sigmoid, Tanh or HardSwish)."""
     y = conv.kernel(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
                     kernel_shape=kernel_shape, pads=pads, strides=strides)
     return _activate(y, activation)
@@ -54,7 +57,7 @@ def _fused_gemm_shape(specs, *, activation="Relu", **attrs):
 @defop("FusedGemm", shape=_fused_gemm_shape, domain="onemodel", writes_out=True)
 def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0, transB=0,
                out=None):
-    """Gemm followed by ``activation`` (Relu, Sigmoid or Tanh); ``out``: the planned buffer."""
+    """Gemm followed by ``activation`` (one of ACTIVATIONS); ``out``: the planned buffer."""
     y = gemm.kernel(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB, out=out)
     return _activate(y, activation)
 
