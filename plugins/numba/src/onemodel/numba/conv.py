@@ -56,6 +56,14 @@ _ONE_GEMM_MAX_LENGTH = 64
 # batched call, whose set-up dominated on small planes (2x96x2x2 -> 576 channels: 23 -> 13 us,
 # 2x576x1x1 -> 1024: 79 -> 67 us, measured with the bias and activation pass included)
 _DOT_MAX_IMAGES = 16
+# float32 convolutions whose GEMM is this narrow (output pixels of the whole batch), this deep
+# and with this much weight take the numba product (_skinny_gemm), which reads the weights
+# once where OpenBLAS packs them first: 512 -> 512 3x3 over 2x2 (4608 x 8) 1008 -> 409 us,
+# 1024 -> 512 1x1 over 2x2 (1024 x 8) 192 -> 105 us; narrower weights stay in BLAS
+# (960 x 160 x 16: 73 against 83 us)
+_SKINNY_MAX_WIDTH = 16
+_SKINNY_MIN_ROWS = 256
+_SKINNY_MIN_WEIGHTS = 256 << 10
 _ONE_GEMM_MIN_WEIGHTS = 1 << 20
 _TAPS_MAX = 1 << 20  # entries of a depthwise gradient's tap table (8 bytes each)
 # convolutions (not depthwise) of at most this many multiply-adds run as one numba call
@@ -484,6 +492,100 @@ def _scatter(res, bias, has_bias, act, y):
                 yf[U(dst + k)] = _activate(rf[U(src + k)] + b, act, zero)
 
 
+@jit(parallel=True, fastmath={"reassoc"})
+def _skinny_gemm(w, xt, out):
+    """out[j, i] = sum_q w[j, q] * xt[i, q]: a product with a narrow result (a handful of
+    columns), each output a dot product along the contiguous rows of ``w`` and ``xt``. Four
+    rows of ``w`` times four of ``xt`` per pass: sixteen sums in vector registers, each load
+    of ``w`` used four times, and ``w`` read once from memory, unpacked (the sums reassociated,
+    which keeps NaN and infinities)."""
+    m, k = w.shape
+    n = xt.shape[0]
+    wf = w.reshape(w.size)
+    xf = xt.reshape(xt.size)
+    of = out.reshape(out.size)
+    zero = np.zeros(1, out.dtype)[0]
+    for blk in prange((m + 3) // 4):
+        j = blk * 4
+        if j + 4 > m:  # the last rows, one at a time
+            for r in range(j, m):
+                for i in range(n):
+                    s = zero
+                    for q in range(k):
+                        s += wf[U(r * k + q)] * xf[U(i * k + q)]
+                    of[U(r * n + i)] = s
+            continue
+        w0 = j * k
+        w1 = w0 + k
+        w2 = w1 + k
+        w3 = w2 + k
+        i = 0
+        while i + 4 <= n:
+            b0 = i * k
+            b1 = b0 + k
+            b2 = b1 + k
+            b3 = b2 + k
+            a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = zero
+            a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = zero
+            for q in range(k):
+                x0 = xf[U(b0 + q)]
+                x1 = xf[U(b1 + q)]
+                x2 = xf[U(b2 + q)]
+                x3 = xf[U(b3 + q)]
+                u = wf[U(w0 + q)]
+                a00 += u * x0
+                a01 += u * x1
+                a02 += u * x2
+                a03 += u * x3
+                u = wf[U(w1 + q)]
+                a10 += u * x0
+                a11 += u * x1
+                a12 += u * x2
+                a13 += u * x3
+                u = wf[U(w2 + q)]
+                a20 += u * x0
+                a21 += u * x1
+                a22 += u * x2
+                a23 += u * x3
+                u = wf[U(w3 + q)]
+                a30 += u * x0
+                a31 += u * x1
+                a32 += u * x2
+                a33 += u * x3
+            o = j * n + i
+            of[U(o)] = a00
+            of[U(o + 1)] = a01
+            of[U(o + 2)] = a02
+            of[U(o + 3)] = a03
+            of[U(o + n)] = a10
+            of[U(o + n + 1)] = a11
+            of[U(o + n + 2)] = a12
+            of[U(o + n + 3)] = a13
+            of[U(o + 2 * n)] = a20
+            of[U(o + 2 * n + 1)] = a21
+            of[U(o + 2 * n + 2)] = a22
+            of[U(o + 2 * n + 3)] = a23
+            of[U(o + 3 * n)] = a30
+            of[U(o + 3 * n + 1)] = a31
+            of[U(o + 3 * n + 2)] = a32
+            of[U(o + 3 * n + 3)] = a33
+            i += 4
+        while i < n:  # the last columns: four rows times one
+            b0 = i * k
+            a00 = a10 = a20 = a30 = zero
+            for q in range(k):
+                x0 = xf[U(b0 + q)]
+                a00 += wf[U(w0 + q)] * x0
+                a10 += wf[U(w1 + q)] * x0
+                a20 += wf[U(w2 + q)] * x0
+                a30 += wf[U(w3 + q)] * x0
+            of[U(j * n + i)] = a00
+            of[U((j + 1) * n + i)] = a10
+            of[U((j + 2) * n + i)] = a20
+            of[U((j + 3) * n + i)] = a30
+            i += 1
+
+
 # the small-convolution kernel's table: these scalars, then the output rows that each kernel
 # row reaches inside the image (lo, hi), then the output columns likewise for each kernel column
 _T_N, _T_C, _T_H, _T_W, _T_M, _T_OH, _T_OW, _T_KH, _T_KW, _T_SH, _T_SW, _T_PH, _T_PW, _T_DH, \
@@ -786,7 +888,7 @@ def _depthwise_weight_grad(x, dy, mult, sh, sw, ph, pw, dh, dw, dwt):
             dwf[U(m * kk + k)] = acc[U(k)]
 
 
-_DW_NHWC, _DW_TABLE, _DW_TAPS, _DW, _DIRECT, _BY_IMAGE, _ONE_GEMM, _SMALL = range(8)
+_DW_NHWC, _DW_TABLE, _DW_TAPS, _DW, _DIRECT, _BY_IMAGE, _ONE_GEMM, _SMALL, _SKINNY = range(9)
 
 
 def _table_wins(in_sp, k, s, pb, d, out_sp):
@@ -877,6 +979,9 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
             path = _DW_TABLE
         else:
             path = _DW_TAPS if taps <= depthwise.MAX_TAPS else _DW
+    elif group == 1 and itemsize == 4 and n * length <= _SKINNY_MAX_WIDTH and \
+            rows >= _SKINNY_MIN_ROWS and m * rows * itemsize >= _SKINNY_MIN_WEIGHTS:
+        path = _SKINNY
     elif _small(m * rows // group * n * length, n * length, s != (1, 1) and group == 1):
         path = _SMALL
     elif k == (1, 1) and s == (1, 1) and pb == (0, 0) and (oh, ow) == (h, w):
@@ -983,6 +1088,15 @@ def _run(X, W, bias, has_bias, act, group, plan, out):
         return y
     rows = c * k[0] * k[1]
     w3 = W.reshape(group, mg, rows // group)
+    if path == _SKINNY:  # the whole batch's columns, transposed, and one numba product
+        width = n * length
+        cols = np.empty((rows, n, length), X.dtype)
+        pick(_im2col)(X, k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh, ow, cols, False)
+        res = np.empty((m, width), X.dtype)
+        pick(_skinny_gemm)(W.reshape(m, rows), np.ascontiguousarray(cols.reshape(rows, width).T),
+                           res)
+        pick(_scatter)(res, bias, has_bias, act, y3)
+        return y
     cols_all = np.empty(rows * chunk * length, X.dtype)
     im2col = pick(_im2col)
     if path == _BY_IMAGE:  # columns of a chunk of images, one GEMM per image into y
