@@ -272,4 +272,27 @@ def _fused_at(site: CallSite):
         (fn if _jit._parallel else fn.serial)(target, *args)
         return out
     fused.baked = len(baked)
-    return fused
+    if consts or n_inputs != 2:
+        return fused
+    # two inputs, nothing baked (residual adds, bias adds, SE scales): the same call with its
+    # checks written out, no argument tuples or list built (about 0.7 us less per call)
+    s0, s1 = shapes
+    v0, v1 = views[0][1], views[1][1]
+
+    def fused2(a, b, out=None):
+        if a.shape != s0 or b.shape != s1 or a.dtype != dtype:
+            return generic(a, b, out=out)
+        sync_threads()
+        if out is None:
+            out = np.empty(out_shape, dtype)
+            target = out.reshape(dims)
+        else:
+            given, target = last[0]
+            if given is not out:
+                target = out.reshape(dims, copy=False)
+                last[0] = (out, target)
+        (fn if _jit._parallel else fn.serial)(target, a if v0 is None else a.reshape(v0),
+                                              b if v1 is None else b.reshape(v1))
+        return out
+    fused2.baked = 0
+    return fused2
