@@ -212,6 +212,30 @@ def _hard_swish(v, zero):
     return v * (one if gate > one else gate)
 
 
+@jit()
+def _into_phases(xf, xb, h, w, sh, sw, ph, pw, hq, wq, buf):
+    """The h x w plane at ``xf[xb:]`` into the sh*sw phases of its zero-padded plane, each
+    (hq, wq), flat in ``buf``: padded row iy + ph is row (iy + ph) // sh of the phases
+    (iy + ph) % sh, columns likewise, so every tap of a strided window is a contiguous run of
+    one phase. Padding positions are never written (they keep the buffer's zeros); rows and
+    columns past a phase's end are dropped."""
+    for r in range(sh):
+        iy0 = (r - ph) % sh
+        for c in range(sw):
+            base = (r * sw + c) * hq * wq
+            ix0 = (c - pw) % sw
+            xx0 = (ix0 + pw) // sw
+            cnt = min((w - ix0 + sw - 1) // sw, wq - xx0)
+            for iy in range(iy0, h, sh):
+                yy = (iy + ph) // sh
+                if yy >= hq:
+                    break
+                d0 = base + yy * wq + xx0
+                s0 = xb + iy * w + ix0
+                for k in range(cnt):
+                    buf[U(d0 + k)] = xf[U(s0 + k * sw)]
+
+
 @jit(parallel=True)
 def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
     """out[n, m] = act(sum_ij x[n, m // mult, ...] * wt[m, 0, i, j] + bias[m]): one input
@@ -224,7 +248,8 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
     the sh*sw phases of that padded plane instead (rows y*sh + r, columns x*sw + c), in which
     every tap is again one contiguous multiply-add at a fixed offset."""
     n_img, m_out, oh, ow = out.shape
-    h, w = x.shape[2], x.shape[3]
+    c_in, h, w = x.shape[1], x.shape[2], x.shape[3]
+    xf = x.reshape(x.size)
     kh, kw = wt.shape[2], wt.shape[3]
     hp = max((oh - 1) * sh + (kh - 1) * dh + 1, ph + h) + 1  # one spare row for the overrun
     wp = max((ow - 1) * sw + (kw - 1) * dw + 1, pw + w)
@@ -241,6 +266,7 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
         buf = np.zeros((1, 1) if strided else (hp, wp), x.dtype)
         flat = buf.reshape(buf.size)
         phases = np.zeros((sh * sw, hq, wq) if strided else (1, 1, 1), x.dtype)
+        phases_flat = phases.reshape(phases.size)
         acc = np.empty(plane, x.dtype)
         for t in range(blk * block, min(total, (blk + 1) * block)):
             n = t // m_out
@@ -248,26 +274,9 @@ def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
             bv = bias[m] if has_bias else zero
             dst = out[n, m]
             acc[:] = 0
-            if strided:
-                # the channel straight into its phases: padded row iy + ph is phase row
-                # (iy + ph) % sh, row (iy + ph) // sh; columns likewise. Padding positions
-                # are never written, so they keep the zeros of the block's first channel.
-                xc = x[n, m // mult]
-                for r in range(sh):
-                    iy0 = (r - ph) % sh
-                    for c in range(sw):
-                        pplane = phases[r * sw + c]
-                        ix0 = (c - pw) % sw
-                        xx0 = (ix0 + pw) // sw
-                        cnt = min((w - ix0 + sw - 1) // sw, wq - xx0)
-                        for iy in range(iy0, h, sh):
-                            yy = (iy + ph) // sh
-                            if yy >= hq:
-                                break
-                            prow = pplane[yy]
-                            xrow = xc[iy]
-                            for k in range(cnt):
-                                prow[xx0 + k] = xrow[ix0 + k * sw]
+            if strided:  # the channel straight into its phases (zeros kept from the first)
+                _into_phases(xf, (n * c_in + m // mult) * h * w, h, w, sh, sw, ph, pw, hq, wq,
+                             phases_flat)
                 for i in range(kh):
                     for j in range(kw):
                         wv = wt[m, 0, i, j]

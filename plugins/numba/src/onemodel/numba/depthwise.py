@@ -27,7 +27,7 @@ import numpy as np
 from numba import prange
 
 from onemodel.numba._jit import jit
-from onemodel.numba.conv import U, _activate
+from onemodel.numba.conv import U, _activate, _into_phases
 
 
 @jit(parallel=True)
@@ -62,22 +62,8 @@ def kernel(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
             n = t // m_out
             m = t - n * m_out
             xb = (n * c_in + m // mult) * hw
-            if strided:  # input row iy, column ix go to phase ((iy+ph) % sh, (ix+pw) % sw)
-                for r in range(sh):
-                    iy0 = (r - ph) % sh
-                    for c in range(sw):
-                        base = (r * sw + c) * hq * wq
-                        ix0 = (c - pw) % sw
-                        xx0 = (ix0 + pw) // sw
-                        cnt = min((w - ix0 + sw - 1) // sw, wq - xx0)
-                        for iy in range(iy0, h, sh):
-                            yy = (iy + ph) // sh
-                            if yy >= hq:
-                                break
-                            d0 = base + yy * wq + xx0
-                            s0 = xb + iy * w + ix0
-                            for k in range(cnt):
-                                buf[U(d0 + k)] = xf[U(s0 + k * sw)]
+            if strided:
+                _into_phases(xf, xb, h, w, sh, sw, ph, pw, hq, wq, buf)
             else:
                 for iy in range(h):
                     d0 = (iy + ph) * wq + pw
