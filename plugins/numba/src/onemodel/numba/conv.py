@@ -236,6 +236,25 @@ def _into_phases(xf, xb, h, w, sh, sw, ph, pw, hq, wq, buf):
                     buf[U(d0 + k)] = xf[U(s0 + k * sw)]
 
 
+@jit()
+def _store_activated(src, s0, dst, d0, count, act, zero):
+    """dst[d0:d0 + count] = act(src[s0:s0 + count]) (flat arrays), one loop per common
+    activation so each vectorizes (a loop calling :func:`_activate` does not)."""
+    if act == 0:
+        for k in range(count):
+            dst[U(d0 + k)] = src[U(s0 + k)]
+    elif act == 1:  # Relu; NaN stays NaN
+        for k in range(count):
+            v = src[U(s0 + k)]
+            dst[U(d0 + k)] = zero if v < zero else v
+    elif act == 4:
+        for k in range(count):
+            dst[U(d0 + k)] = _hard_swish(src[U(s0 + k)], zero)
+    else:
+        for k in range(count):
+            dst[U(d0 + k)] = _activate(src[U(s0 + k)], act, zero)
+
+
 @jit(parallel=True)
 def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
     """out[n, m] = act(sum_ij x[n, m // mult, ...] * wt[m, 0, i, j] + bias[m]): one input
@@ -672,18 +691,8 @@ def _small_conv(x, wt, bias, t, out):
                 _rows_times_columns(res, cols, wf, m * rows_g, rows_g, cb, width)
             for mm in range(block):
                 for n in range(n_img):
-                    ob = (n * m_out + m + mm) * length
-                    rb = mm * width + n * length
-                    if act == 0:
-                        for p in range(length):
-                            of[U(ob + p)] = res[U(rb + p)]
-                    elif act == 1:
-                        for p in range(length):
-                            v = res[U(rb + p)]
-                            of[U(ob + p)] = zero if v < zero else v
-                    else:
-                        for p in range(length):
-                            of[U(ob + p)] = _activate(res[U(rb + p)], act, zero)
+                    _store_activated(res, mm * width + n * length, of,
+                                     (n * m_out + m + mm) * length, length, act, zero)
             m += block
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from numba import prange
 
 from onemodel.numba._jit import jit
-from onemodel.numba.conv import U, _activate, _into_phases
+from onemodel.numba.conv import U, _into_phases, _store_activated
 
 
 @jit(parallel=True)
@@ -77,18 +77,7 @@ def kernel(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
                 acc[U(q)] = bv + {terms}
             ob = t * length
             for y in range(oh):
-                a0 = y * wq
-                d0 = ob + y * ow
-                if act == 0:
-                    for k in range(ow):
-                        of[U(d0 + k)] = acc[U(a0 + k)]
-                elif act == 1:  # Relu; NaN stays NaN
-                    for k in range(ow):
-                        v = acc[U(a0 + k)]
-                        of[U(d0 + k)] = zero if v < zero else v
-                else:
-                    for k in range(ow):
-                        of[U(d0 + k)] = _activate(acc[U(a0 + k)], act, zero)
+                _store_activated(acc, y * wq, of, ob + y * ow, ow, act, zero)
 '''
 
 
