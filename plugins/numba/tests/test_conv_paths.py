@@ -42,8 +42,12 @@ CASES = [
     # more taps than the written-out kernel takes: the per-tap padded-plane kernel
     (conv._DW, (1, 3, 12, 12), (3, 1, 9, 9), dict(group=3, pads=(4, 4, 4, 4))),
     (conv._DIRECT, (1, 10, 5, 6), (7, 10, 1, 1), {}),
-    (conv._DIRECT, (3, 10, 1, 1), (7, 10, 1, 1), {}),  # (N, C) @ (C, M), C >= M
-    (conv._DIRECT, (3, 6, 1, 1), (11, 6, 1, 1), {}),  # C < M: one GEMM per image
+    # 1x1 over 1x1 planes (squeeze-and-excitation): the numba product on the input as it is
+    # (float64: BLAS, (N, C) @ (C, M) when C >= M, else one GEMM per image)
+    (conv._SKINNY, (3, 10, 1, 1), (7, 10, 1, 1), {}),
+    (conv._SKINNY, (2, 6, 1, 1), (11, 6, 1, 1), {}),
+    (conv._DIRECT, (17, 10, 1, 1), (7, 10, 1, 1), {}),  # more images: (N, C) @ (C, M)
+    (conv._DIRECT, (17, 6, 1, 1), (11, 6, 1, 1), {}),  # C < M: one GEMM per image
     (conv._DIRECT, (2, 8, 4, 3), (6, 4, 1, 1), dict(group=2)),
     (conv._ONE_GEMM, (3, 5, 6, 6), (7, 5, 3, 3), dict(pads=(1, 1, 1, 1), strides=(2, 2))),
     (conv._ONE_GEMM, (2, 6, 5, 4), (4, 3, 2, 3), dict(group=2, pads=(0, 1, 1, 1),
@@ -154,8 +158,13 @@ def test_chunks_forward_and_gradients(xs, ws, attrs, small_chunks):
                                    **TOL[np.float64])
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5], CASES[8], CASES[11], CASES[-2]],
-                         ids=["table", "plane", "direct", "one-gemm", "by-image", "nhwc"])
+_NAN_PATHS = {"table": conv._DW_TABLE, "taps": conv._DW_TAPS, "plane": conv._DW,
+              "direct": conv._DIRECT, "one-gemm": conv._ONE_GEMM, "by-image": conv._BY_IMAGE,
+              "nhwc": conv._DW_NHWC, "skinny": conv._SKINNY}
+
+
+@pytest.mark.parametrize("case", [next(c for c in CASES if c[0] == p) for p in _NAN_PATHS.values()],
+                         ids=list(_NAN_PATHS))
 def test_relu_keeps_nan_and_infinities_like_the_reference(case):
     _, xs, ws, attrs = case
     x, w, b = conv_arrays(xs, ws, np.float32, seed=4)

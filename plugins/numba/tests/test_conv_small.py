@@ -206,7 +206,7 @@ def test_which_convolutions_are_small():
     # but up to _SMALL_MAX_WORK_NARROW on at most 8
     assert _plan((2, 16, 2, 2), (16, 16, 3, 3), dict(pads=(1, 1, 1, 1)))[0] == conv._SMALL
     assert _plan((2, 160, 1, 1), (100, 160, 1, 1), {})[0] == conv._SMALL
-    assert _plan((2, 160, 1, 1), (160, 160, 1, 1), {})[0] == conv._DIRECT
+    assert _plan((2, 160, 1, 1), (160, 160, 1, 1), {})[0] == conv._SKINNY  # past the limit
     assert _plan((2, 16, 8, 8), (16, 16, 3, 3), dict(pads=(1, 1, 1, 1)))[0] != conv._SMALL
     assert _plan((2, 8, 8, 8), (8, 1, 3, 3), dict(group=8, pads=(1, 1, 1, 1)))[0] <= conv._DW
     assert _plan((2, 4, 4, 4), (4, 4, 1, 1), {})[0] == conv._SMALL  # 1x1 too

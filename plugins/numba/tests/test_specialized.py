@@ -359,3 +359,39 @@ def test_a_nan_constant_finds_its_kernel_again():
         if rows == 3:
             kernels = len(fused._kernels)
     assert len(fused._kernels) == kernels
+
+
+def _depthwise_site(w):
+    """A depthwise convolution of 16 channels over 6x6 planes (the channels-last kernel) with
+    ``w`` as its constant weights."""
+    x = _x(2, 16, 6, 6).astype(np.float32)
+    attrs = dict(group=16, pads=(1, 1, 1, 1))
+    assert conv._plan(x.shape, w.shape, 4, None, None, (1, 1, 1, 1), None, "NOTSET",
+                      16)[0] == conv._DW_NHWC
+    return x, attrs, specialize(conv.conv, _site(conv.conv, [x, w], attrs, (1,)))
+
+
+def test_channels_last_weights_of_a_file_constant_are_made_once_and_right():
+    """Weights loaded from a file (read-only views of bytes) are laid out channels-last once,
+    at plan time; the result is the generic call's."""
+    w = np.frombuffer(_x(16, 1, 3, 3).astype(np.float32).tobytes(), np.float32).reshape(
+        16, 1, 3, 3)
+    assert conv._immutable(w)
+    x, attrs, call = _depthwise_site(w)
+    _same(call(x, w), conv.conv(x, w, **attrs))
+
+
+@pytest.mark.parametrize("read_only_view", [False, True])
+def test_weights_changed_in_place_are_used_as_they_are_now(read_only_view):
+    """Weights that can change in place (a traced model's own parameters, or a read-only view
+    of them) are not laid out ahead: a call after an update in place uses the new values."""
+    w = _x(16, 1, 3, 3).astype(np.float32)
+    given = w
+    if read_only_view:
+        given = w.view()
+        given.flags.writeable = False
+    assert not conv._immutable(given)
+    x, attrs, call = _depthwise_site(given)
+    call(x, given)
+    w *= -2.0  # the training step's update, in place
+    _same(call(x, given), conv.conv(x, w, **attrs))
