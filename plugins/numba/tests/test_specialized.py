@@ -395,3 +395,24 @@ def test_weights_changed_in_place_are_used_as_they_are_now(read_only_view):
     call(x, given)
     w *= -2.0  # the training step's update, in place
     _same(call(x, given), conv.conv(x, w, **attrs))
+
+
+@pytest.mark.parametrize("activation", ["Relu", "HardSwish", "Sigmoid"])
+def test_a_widening_1x1_convolution_of_1x1_planes_uses_weights_laid_out_once(activation):
+    """Squeeze-and-excitation's second 1x1 convolution (96 -> 384 channels over 1x1 planes)
+    with weights from a file: multiplied as (N, C) @ (C, M) by a (C, M) copy made at plan
+    time, then the bias and activation; the result is the reference kernel's."""
+    from onemodel.tensors.ops import OPS
+
+    x = _x(2, 96, 1, 1).astype(np.float32)
+    w = np.frombuffer(_x(384, 96, 1, 1).astype(np.float32).tobytes(), np.float32).reshape(
+        384, 96, 1, 1)
+    b = np.frombuffer(_x(384).astype(np.float32).tobytes(), np.float32)
+    plan = conv._plan(x.shape, w.shape, 4, None, None, None, None, "NOTSET", 1)
+    assert conv._prepared_weights(plan, x.shape, w) is not None
+    attrs = dict(activation=activation)
+    call = specialize(conv.fused_conv, _site(conv.fused_conv, [x, w, b], attrs, (1, 2)))
+    want = OPS["FusedConv"].kernel(x, w, b, **attrs)
+    for out in (None, np.empty_like(want)):
+        got = call(x, w, b, out=out)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
