@@ -255,6 +255,23 @@ def _store_activated(src, s0, dst, d0, count, act, zero):
             dst[U(d0 + k)] = _activate(src[U(s0 + k)], act, zero)
 
 
+@jit()
+def _activate_in_place(a, a0, count, act, zero):
+    """a[a0:a0 + count] = act(a[a0:a0 + count]) (a flat array), one loop per common
+    activation. Not :func:`_store_activated` with the same array twice: its loops then fail
+    their run-time overlap check and run scalar (960 channels of 4x4, HardSwish: 27 -> 3 us)."""
+    if act == 1:  # Relu; NaN stays NaN
+        for k in range(count):
+            v = a[U(a0 + k)]
+            a[U(a0 + k)] = zero if v < zero else v
+    elif act == 4:
+        for k in range(count):
+            a[U(a0 + k)] = _hard_swish(a[U(a0 + k)], zero)
+    elif act != 0:
+        for k in range(count):
+            a[U(a0 + k)] = _activate(a[U(a0 + k)], act, zero)
+
+
 @jit(parallel=True)
 def _depthwise(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
     """out[n, m] = act(sum_ij x[n, m // mult, ...] * wt[m, 0, i, j] + bias[m]): one input
@@ -463,7 +480,7 @@ def _depthwise_nhwc(x, wtt, kh, kw, sh, sw, ph, pw, dh, dw, bias, has_bias, act,
                     for ch in range(c):
                         ot[U(ob + ch)] += xt[U(xb + ch)] * wtt[U(wb + ch)]
             if act:  # while the pixel's channels are in cache, as one vectorized run
-                _store_activated(ot, ob, ot, ob, c, act, zero)
+                _activate_in_place(ot, ob, c, act, zero)
     for t in prange(n_img * blocks):
         n = t // blocks
         cb = (t - n * blocks) * 8
