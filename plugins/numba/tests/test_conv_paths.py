@@ -57,6 +57,12 @@ CASES = [
     (conv._BY_IMAGE, (3, 4, 10, 9), (6, 2, 3, 2), dict(group=2, pads=(1, 0, 1, 1))),
     (conv._DW_TABLE, (0, 4, 3, 3), (4, 1, 3, 3), dict(group=4)),
     (conv._BY_IMAGE, (1, 3, 9, 9), (4, 3, 3, 3), {}),
+    # strided with output rows of 8 or more: the columns copied from the stride's phases
+    (conv._BY_IMAGE, (1, 3, 16, 40), (4, 3, 3, 2), dict(strides=(2, 3), pads=(2, 1, 1, 0),
+                                                       dilations=(2, 1))),
+    (conv._ONE_GEMM, (2, 3, 8, 24), (5, 3, 3, 2), dict(strides=(2, 3), pads=(2, 1, 1, 0),
+                                                       dilations=(2, 1))),
+    (conv._BY_IMAGE, (1, 2, 21, 21), (3, 2, 7, 7), dict(strides=(2, 2), pads=(3, 3, 3, 3))),
     (conv._DW_NHWC, (2, 20, 4, 4), (20, 1, 5, 5), dict(group=20, pads=(2, 2, 2, 2))),
     (conv._DW_NHWC, (2, 17, 13, 12), (17, 1, 3, 3), dict(group=17, strides=(2, 3),
                                                          pads=(2, 1, 0, 1), dilations=(2, 1))),
