@@ -57,12 +57,15 @@ CASES = [
     (conv._BY_IMAGE, (3, 4, 10, 9), (6, 2, 3, 2), dict(group=2, pads=(1, 0, 1, 1))),
     (conv._DW_TABLE, (0, 4, 3, 3), (4, 1, 3, 3), dict(group=4)),
     (conv._BY_IMAGE, (1, 3, 9, 9), (4, 3, 3, 3), {}),
-    # strided with output rows of 8 or more: the columns copied from the stride's phases
+    # strided with output rows of 32 or more, or 7x7 windows: the columns copied from the
+    # stride's phases (_im2col_phased), in both layouts; and a strided gather on shorter rows
+    (conv._BY_IMAGE, (1, 2, 6, 96), (4, 2, 3, 2), dict(strides=(2, 3), pads=(2, 1, 1, 0),
+                                                      dilations=(2, 1))),
+    (conv._ONE_GEMM, (2, 3, 3, 96), (5, 3, 3, 2), dict(strides=(2, 3), pads=(2, 1, 1, 0),
+                                                      dilations=(2, 1))),
+    (conv._BY_IMAGE, (1, 2, 21, 21), (3, 2, 7, 7), dict(strides=(2, 2), pads=(3, 3, 3, 3))),
     (conv._BY_IMAGE, (1, 3, 16, 40), (4, 3, 3, 2), dict(strides=(2, 3), pads=(2, 1, 1, 0),
                                                        dilations=(2, 1))),
-    (conv._ONE_GEMM, (2, 3, 8, 24), (5, 3, 3, 2), dict(strides=(2, 3), pads=(2, 1, 1, 0),
-                                                       dilations=(2, 1))),
-    (conv._BY_IMAGE, (1, 2, 21, 21), (3, 2, 7, 7), dict(strides=(2, 2), pads=(3, 3, 3, 3))),
     (conv._DW_NHWC, (2, 20, 4, 4), (20, 1, 5, 5), dict(group=20, pads=(2, 2, 2, 2))),
     (conv._DW_NHWC, (2, 17, 13, 12), (17, 1, 3, 3), dict(group=17, strides=(2, 3),
                                                          pads=(2, 1, 0, 1), dilations=(2, 1))),
@@ -87,6 +90,17 @@ def no_small_path(monkeypatch):
     yield
     conv._plan.cache_clear()
     conv._PLANS.clear()
+
+
+def test_strided_cases_take_both_column_builders():
+    """The phased column builder is chosen for the cases above that are meant for it."""
+    builders = set()
+    for path, xs, ws, attrs in CASES:
+        if path in (conv._BY_IMAGE, conv._ONE_GEMM) and attrs.get("strides", (1, 1)) != (1, 1):
+            plan = conv._plan(xs, ws, 4, None, attrs.get("strides"), attrs.get("pads"),
+                              attrs.get("dilations"), "NOTSET", attrs.get("group", 1))
+            builders.add(conv._columns(plan[5], plan[2], plan[1][3]))
+    assert builders == {conv._im2col, conv._im2col_phased}
 
 
 def _path(x, w, attrs):

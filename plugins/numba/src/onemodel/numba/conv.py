@@ -89,6 +89,15 @@ _SMALL_MAX_WORK_STRIDED = 589824
 # planes per task of the column builder: each task zero-pads its planes one after another in
 # one scratch plane (its border stays zero), so a task allocates once
 _PLANES_PER_TASK = 8
+# strided convolutions build their columns from the stride's phases (_im2col_phased) with
+# windows of this many taps or more, or 3x3 and larger windows over output rows this long
+# (vector loops need 32 iterations), measured against the strided gather: 7x7 stride 2 on
+# 1x3x224x224 581-860 -> 231-294 us, on 2x3x32x32 29-31 -> 19-20 us; 3x3 stride 2 on
+# 1x64x112x112 938-1104 -> 652-941 us, 1x32x64x64 113 -> 96 us; but 1x64x56x56 (rows of 28)
+# 193 -> 248 us, 1x128x28x28 77 -> 178 us, 5x5 on 1x96x28x28 224-231 -> 197-274 us, and
+# 1x1 stride 2 (1x256x56x56) 113 -> 311 us
+_PHASES_MIN_TAPS = 49
+_PHASES_MIN_ROW = 32
 
 
 @jit(parallel=True)
@@ -114,34 +123,6 @@ def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, by_image):
     xf = x.reshape(x.size)
     cf = cols.reshape(cols.size)
     planes = n_img * c_in
-    if (sh != 1 or sw != 1) and ow >= 8:
-        # at a stride, with rows of 8 or more outputs: each plane copied once into the sh*sw
-        # phases of its zero-padded plane (_into_phases), where every tap's row of a window is
-        # a contiguous run, so the column rows are plain copies that vectorize instead of a
-        # strided gather per tap (the 7x7 stride-2 stem of 2x3x32x32: 28.5 -> 12.9 us); on
-        # shorter rows the phases' set-up per plane costs more than it saves (2x96x4x4 3x3:
-        # 10 -> 51 us)
-        hq = oh + ((kh - 1) * dh) // sh + 1
-        wq = ow + ((kw - 1) * dw) // sw
-        for task in prange((planes + _PLANES_PER_TASK - 1) // _PLANES_PER_TASK):
-            # padding positions are never written: they keep these zeros for every plane
-            buf = np.zeros(sh * sw * hq * wq, x.dtype)
-            for t in range(task * _PLANES_PER_TASK, min(planes, (task + 1) * _PLANES_PER_TASK)):
-                n = t // c_in
-                c = t % c_in
-                _into_phases(xf, t * h * w, h, w, sh, sw, ph, pw, hq, wq, buf)
-                for i in range(kh):
-                    for j in range(kw):
-                        r = c * kk + i * kw + j
-                        row = ((n * rows + r) if by_image else (r * n_img + n)) * length
-                        tap = (((i * dh) % sh) * sw + (j * dw) % sw) * hq * wq + \
-                            ((i * dh) // sh) * wq + (j * dw) // sw
-                        for y in range(oh):
-                            at = tap + y * wq
-                            base = row + y * ow
-                            for q in range(ow):
-                                cf[U(base + q)] = buf[U(at + q)]
-        return
     for task in prange((planes + _PLANES_PER_TASK - 1) // _PLANES_PER_TASK):
         pad = np.zeros(hp * wp, x.dtype)
         for t in range(task * _PLANES_PER_TASK, min(planes, (task + 1) * _PLANES_PER_TASK)):
@@ -165,6 +146,49 @@ def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, by_image):
                         else:
                             for q in range(ow):
                                 cf[U(base + q)] = pad[U(at + q * sw)]
+
+
+@jit(parallel=True)
+def _im2col_phased(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, by_image):
+    """:func:`_im2col` at a stride, from the stride's phases: each plane is copied once into
+    the sh*sw phases of its zero-padded plane (:func:`_into_phases`), where every tap's row of
+    a window is a contiguous run, so the column rows are plain copies (vectorized on long
+    rows) instead of a strided gather per tap. :func:`_columns` says when this wins."""
+    n_img, c_in, h, w = x.shape
+    kk = kh * kw
+    rows = c_in * kk
+    length = oh * ow
+    xf = x.reshape(x.size)
+    cf = cols.reshape(cols.size)
+    planes = n_img * c_in
+    hq = oh + ((kh - 1) * dh) // sh + 1
+    wq = ow + ((kw - 1) * dw) // sw
+    for task in prange((planes + _PLANES_PER_TASK - 1) // _PLANES_PER_TASK):
+        # padding positions are never written: they keep these zeros for every plane
+        buf = np.zeros(sh * sw * hq * wq, x.dtype)
+        for t in range(task * _PLANES_PER_TASK, min(planes, (task + 1) * _PLANES_PER_TASK)):
+            n = t // c_in
+            c = t % c_in
+            _into_phases(xf, t * h * w, h, w, sh, sw, ph, pw, hq, wq, buf)
+            for i in range(kh):
+                for j in range(kw):
+                    r = c * kk + i * kw + j
+                    row = ((n * rows + r) if by_image else (r * n_img + n)) * length
+                    tap = (((i * dh) % sh) * sw + (j * dw) % sw) * hq * wq + \
+                        ((i * dh) // sh) * wq + (j * dw) // sw
+                    for y in range(oh):
+                        at = tap + y * wq
+                        base = row + y * ow
+                        for q in range(ow):
+                            cf[U(base + q)] = buf[U(at + q)]
+
+
+def _columns(k, s, ow):
+    """The column builder for a convolution's window ``k``, strides ``s`` and output width."""
+    kk = k[0] * k[1]
+    if s != (1, 1) and (kk >= _PHASES_MIN_TAPS or (kk > 1 and ow >= _PHASES_MIN_ROW)):
+        return _im2col_phased
+    return _im2col
 
 
 @jit(parallel=True)
@@ -1249,7 +1273,7 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
             xt = np.ascontiguousarray(X.reshape(n, c, length).transpose(0, 2, 1))
         else:
             cols = np.empty((rows, n, length), X.dtype)
-            pick(_im2col)(X, k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh, ow, cols,
+            pick(_columns(k, s, ow))(X, k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], oh, ow, cols,
                           False)
             xt = np.ascontiguousarray(cols.reshape(rows, width).T)
         res = np.empty((m, width), X.dtype)
@@ -1258,7 +1282,7 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
         pick(_scatter)(res, bias, has_bias, act, y3)
         return y
     cols_all = np.empty(rows * chunk * length, X.dtype)
-    im2col = pick(_im2col)
+    im2col = pick(_columns(k, s, ow))
     if path == _BY_IMAGE:  # columns of a chunk of images, one GEMM per image into y
         for start in range(0, n, chunk):
             n_img = min(chunk, n - start)
@@ -1491,7 +1515,7 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
         for start in range(0, n, chunk):
             n_img = min(chunk, n - start)
             cols = cols_all[:rows * n_img * length].reshape(n_img, rows, length)
-            pick(_im2col)(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
+            pick(_columns(k, s, ow))(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
                            d[1], oh, ow, cols, True)
             dw += np.matmul(dy4[start:start + n_img], cols.reshape(
                 n_img, group, rows // group, length).transpose(0, 1, 3, 2)).sum(axis=0)
@@ -1500,7 +1524,7 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
         n_img = min(chunk, n - start)
         width = n_img * length
         cols = cols_all[:rows * width].reshape(rows, n_img, length)
-        pick(_im2col)(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1],
+        pick(_columns(k, s, ow))(X[start:start + n_img], k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1],
                        oh, ow, cols, False)
         dyt = _dy_columns(dY, start, n_img, m, length)
         dw += np.matmul(dyt.reshape(group, mg, width),
