@@ -562,7 +562,7 @@ def _epilogue(y, bias, has_bias, act):
     n_img, m_out, length = y.shape
     yf = y.reshape(n_img * m_out * length)
     zero = np.zeros(1, y.dtype)[0]
-    if length == 1:  # 1x1 planes: each image's channels are one run (2x576: 3.1 -> 0.6 us)
+    if length == 1:  # 1x1 planes: each image's channels are one run (2x576: 3.4-4.2 -> 0.5-0.9 us)
         for i in prange(n_img):
             base = i * m_out
             if act == 0:
