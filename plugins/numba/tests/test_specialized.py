@@ -14,6 +14,7 @@ import pytest
 
 from onemodel.numba import attention, conv, fused, gemm, norm, pool, softmax
 from onemodel.tensors import OneModelError
+from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
 RNG = np.random.default_rng(7)
@@ -378,7 +379,9 @@ def test_channels_last_weights_of_a_file_constant_are_made_once_and_right():
         16, 1, 3, 3)
     assert conv._immutable(w)
     x, attrs, call = _depthwise_site(w)
-    _same(call(x, w), conv.conv(x, w, **attrs))
+    got = call(x, w)
+    _same(got, conv.conv(x, w, **attrs))
+    np.testing.assert_allclose(got, OPS["Conv"].kernel(x, w, **attrs), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("read_only_view", [False, True])
@@ -394,7 +397,9 @@ def test_weights_changed_in_place_are_used_as_they_are_now(read_only_view):
     x, attrs, call = _depthwise_site(given)
     call(x, given)
     w *= -2.0  # the training step's update, in place
-    _same(call(x, given), conv.conv(x, w, **attrs))
+    got = call(x, given)
+    _same(got, conv.conv(x, w, **attrs))
+    np.testing.assert_allclose(got, OPS["Conv"].kernel(x, w, **attrs), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("activation", ["Relu", "HardSwish", "Sigmoid"])
@@ -402,8 +407,6 @@ def test_a_widening_1x1_convolution_of_1x1_planes_uses_weights_laid_out_once(act
     """Squeeze-and-excitation's second 1x1 convolution (96 -> 384 channels over 1x1 planes)
     with weights from a file: multiplied as (N, C) @ (C, M) by a (C, M) copy made at plan
     time, then the bias and activation; the result is the reference kernel's."""
-    from onemodel.tensors.ops import OPS
-
     x = _x(2, 96, 1, 1).astype(np.float32)
     w = np.frombuffer(_x(384, 96, 1, 1).astype(np.float32).tobytes(), np.float32).reshape(
         384, 96, 1, 1)

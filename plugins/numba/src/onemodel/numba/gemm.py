@@ -7,39 +7,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
-from numba import prange
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize, specializer
 
 from . import _jit
-from ._jit import jit, sync_threads
-from .conv import _NO_BIAS, ACT_CODES, U, _activate, _hard_swish
-
-
-@jit(parallel=True)
-def _bias_act(y, bias, has_bias, act):
-    """y[i, :] = act(y[i, :] + bias) in place for a C-contiguous (M, N) ``y``; act: 1 Relu
-    (NaN passes, as in np.maximum), 2 Sigmoid, 3 Tanh, 4 HardSwish. Indexed flat, as the convolution's
-    epilogue, so short rows need no view each."""
-    rows, n = y.shape
-    yf = y.reshape(rows * n)
-    zero = np.zeros(1, y.dtype)[0]
-    for i in prange(rows):
-        base = i * n
-        if act == 1:
-            for j in range(n):
-                v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)
-                yf[U(base + j)] = zero if v < zero else v
-        elif act == 4:
-            for j in range(n):
-                v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)
-                yf[U(base + j)] = _hard_swish(v, zero)
-        else:
-            for j in range(n):
-                v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)
-                yf[U(base + j)] = _activate(v, act, zero)
+from ._jit import sync_threads
+from .conv import _NO_BIAS, ACT_CODES, _bias_act
 
 
 def _plain(C, n, activation, alpha, beta) -> bool:
