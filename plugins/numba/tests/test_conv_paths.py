@@ -178,6 +178,51 @@ def test_chunks_forward_and_gradients(xs, ws, attrs, small_chunks):
                                    **TOL[np.float64])
 
 
+@pytest.fixture
+def small_bands(monkeypatch):
+    """Bands of a few output rows (about 700 bytes of columns), for any size of columns."""
+    monkeypatch.setattr(conv, "_BAND_MIN_COLUMNS", 0)
+    monkeypatch.setattr(conv, "_BAND_BYTES", 700)
+    monkeypatch.setattr(conv, "_SMALL_MAX_WORK_STRIDED", -1)
+
+
+BANDS = [  # (X shape, W shape, attrs): the last band shorter than the others in most
+    ((1, 3, 12, 11), (5, 3, 3, 3), dict(pads=(1, 1, 1, 1))),
+    ((2, 2, 30, 40), (4, 2, 3, 2), dict(strides=(2, 3), pads=(2, 1, 1, 0), dilations=(2, 1))),
+    ((1, 2, 21, 21), (3, 2, 7, 7), dict(strides=(2, 2), pads=(3, 3, 3, 3))),
+    ((1, 1, 9, 30), (2, 1, 5, 1), dict(pads=(0, 0, 4, 0))),  # bands wholly in the padding
+    ((2, 4, 12, 12), (6, 4, 2, 2), {}),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("xs, ws, attrs", BANDS)
+def test_bands_of_output_rows_match_the_reference(xs, ws, attrs, dtype, small_bands):
+    x, w, b = conv_arrays(xs, ws, dtype, seed=9)
+    want = OPS["Conv"].kernel(x, w, b, **attrs)
+    rows = ws[1] * ws[2] * ws[3]
+    band = conv._band_rows(ws[0], rows, want.shape[2] * want.shape[3], want.shape[3], 1,
+                           x.itemsize)
+    assert _path(x, w, attrs) == conv._BY_IMAGE and 0 < band < want.shape[2]
+    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b)):
+        got, want = _run(x, w, bias, act, attrs)
+        np.testing.assert_allclose(got, want, **TOL[dtype])
+        out = np.full(want.shape, np.nan, dtype)
+        assert _run(x, w, bias, act, attrs, out=out)[0] is out
+        np.testing.assert_allclose(out, want, **TOL[dtype])
+
+
+def test_bands_with_the_default_sizes(parallel_variants):
+    """A plane whose columns pass the default threshold (8 MiB for 1x16x120x120, 3x3) goes by
+    bands and matches the reference, with the parallel kernels; wide outputs never do."""
+    x, w, b = conv_arrays((1, 16, 120, 120), (24, 16, 3, 3), np.float32, seed=10)
+    attrs = dict(pads=(1, 1, 1, 1))
+    assert 0 < conv._band_rows(24, 144, 14400, 120, 1, 4) < 120
+    assert conv._band_rows(conv._BAND_MAX_OUT + 1, 144, 14400, 120, 1, 4) == 0
+    got, want = _run(x, w, b, "Relu", attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 _NAN_PATHS = {"table": conv._DW_TABLE, "taps": conv._DW_TAPS, "plane": conv._DW,
               "direct": conv._DIRECT, "one-gemm": conv._ONE_GEMM, "by-image": conv._BY_IMAGE,
               "nhwc": conv._DW_NHWC, "skinny": conv._SKINNY}

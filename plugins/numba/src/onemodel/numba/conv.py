@@ -98,6 +98,9 @@ _PLANES_PER_TASK = 8
 # 1x1 stride 2 (1x256x56x56) 113 -> 311 us
 _PHASES_MIN_TAPS = 49
 _PHASES_MIN_ROW = 32
+_BAND_MAX_OUT = 192
+_BAND_MIN_COLUMNS = 4 << 20
+_BAND_BYTES = 1 << 20
 
 
 @jit(parallel=True)
@@ -181,6 +184,73 @@ def _im2col_phased(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, by_image):
                         base = row + y * ow
                         for q in range(ow):
                             cf[U(base + q)] = buf[U(at + q)]
+
+
+@jit(parallel=True)
+def _im2col_band(x, img, kh, kw, sh, sw, ph, pw, dh, dw, ow, y0, ny, cols):
+    """The columns of output rows [y0, y0 + ny) of image ``img``: row (c, i, j), column
+    (y - y0, x) of the C-contiguous (C*kh*kw, ny*ow) ``cols`` holds
+    x[img, c, y*sh - ph + i*dh, x*sw - pw + j*dw] (0 outside). As :func:`_im2col`, each
+    channel's rows that the band's windows reach are first copied into a zero-padded
+    scratch band, so every column row is a plain copy."""
+    _, c_in, h, w = x.shape
+    kk = kh * kw
+    width = ny * ow
+    hb = (ny - 1) * sh + (kh - 1) * dh + 1  # input rows the band's windows reach
+    wp = max((ow - 1) * sw + (kw - 1) * dw + 1, w + pw)
+    top = y0 * sh - ph  # the input row of the scratch band's first row
+    a0 = max(0, -top)
+    a1 = min(hb, h - top)
+    xf = x.reshape(x.size)
+    cf = cols.reshape(cols.size)
+    for task in prange((c_in + _PLANES_PER_TASK - 1) // _PLANES_PER_TASK):
+        # rows outside the image and the side borders are never written: they stay zero
+        pad = np.zeros(hb * wp, x.dtype)
+        for c in range(task * _PLANES_PER_TASK, min(c_in, (task + 1) * _PLANES_PER_TASK)):
+            src = (img * c_in + c) * h * w
+            for a in range(a0, a1):
+                at = a * wp + pw
+                s0 = src + (top + a) * w
+                for b in range(w):
+                    pad[U(at + b)] = xf[U(s0 + b)]
+            for i in range(kh):
+                for j in range(kw):
+                    row = (c * kk + i * kw + j) * width
+                    for y in range(ny):
+                        at = (y * sh + i * dh) * wp + j * dw
+                        base = row + y * ow
+                        if sw == 1:
+                            for q in range(ow):
+                                cf[U(base + q)] = pad[U(at + q)]
+                        else:
+                            for q in range(ow):
+                                cf[U(base + q)] = pad[U(at + q * sw)]
+
+
+@jit(parallel=True)
+def _store_band(res, bias, has_bias, act, y, at, length):
+    """y[m * length + at + k] = act(res[m, k] + bias[m]): a band's (M, width) GEMM result
+    into its place in one image's flat (M, length) output, bias and activation on the way."""
+    m_out, width = res.shape
+    rf = res.reshape(m_out * width)
+    zero = np.zeros(1, y.dtype)[0]
+    for m in prange(m_out):
+        b = bias[m] if has_bias else zero
+        src = m * width
+        dst = m * length + at
+        if act == 0:
+            for k in range(width):
+                y[U(dst + k)] = rf[U(src + k)] + b
+        elif act == 1:
+            for k in range(width):
+                v = rf[U(src + k)] + b
+                y[U(dst + k)] = zero if v < zero else v
+        elif act == 4:
+            for k in range(width):
+                y[U(dst + k)] = _hard_swish(rf[U(src + k)] + b, zero)
+        else:
+            for k in range(width):
+                y[U(dst + k)] = _activate(rf[U(src + k)] + b, act, zero)
 
 
 def _columns(k, s, ow):
@@ -1182,6 +1252,16 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
     return path, (n, m, oh, ow), s, pb, d, k, chunk
 
 
+def _band_rows(m, rows, length, ow, group, itemsize):
+    """Output rows per band of a one-image GEMM, or 0 for the whole image at once. OpenBLAS
+    multiplies a narrow weight matrix (M <= 192) by wide columns (4 MiB and more) at 31-37
+    GMAC/s here, and by blocks of about 1 MiB of them at 43-46, so those are built and
+    multiplied a band at a time (docs/benchmarks.md, "Tenth round")."""
+    if group != 1 or m > _BAND_MAX_OUT or rows * length * itemsize <= _BAND_MIN_COLUMNS:
+        return 0
+    return max(1, _BAND_BYTES // (rows * ow * itemsize))
+
+
 def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
          pads=None, strides=None, out=None):
     """ONNX Conv for 1-D and 2-D float inputs (see :func:`onemodel.numba.support.conv`); ``out``: a
@@ -1299,6 +1379,24 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
         pick(_skinny_gemm)(W.reshape(m, rows), xt.reshape(width, rows), res.reshape(res.size),
                            width, 1)
         pick(_scatter)(res, bias, has_bias, act, y3)
+        return y
+    band = _band_rows(m, rows, length, ow, group, X.itemsize) if path == _BY_IMAGE else 0
+    if 0 < band < oh:  # a band of output rows at a time: its columns stay in cache for the GEMM
+        cols_all = np.empty(rows * band * ow, X.dtype)
+        res_all = np.empty(m * band * ow, X.dtype)
+        w2 = w3[0]
+        build = pick(_im2col_band)
+        store = pick(_store_band)
+        for i in range(n):
+            yi = y3[i].reshape(m * length)
+            for y0 in range(0, oh, band):
+                ny = min(band, oh - y0)
+                width = ny * ow
+                cols = cols_all[:rows * width].reshape(rows, width)
+                build(X, i, k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], ow, y0, ny, cols)
+                res = res_all[:m * width].reshape(m, width)
+                product(w2, cols, out=res)
+                store(res, bias, has_bias, act, yi, y0 * ow, length)
         return y
     cols_all = np.empty(rows * chunk * length, X.dtype)
     im2col = pick(_columns(k, s, ow))
