@@ -226,3 +226,31 @@ def test_a_normalization_scale_that_does_not_fit_names_the_node(op, name):
     with pytest.raises(OneModelError, match=rf"node norm \({op}\): .*{name} has shape \[4\], "
                                             r"which does not broadcast onto the input \[n, 6\]"):
         b.graph.validate()
+
+
+def _windowed(op, **attrs):
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("n", 2, "h", "w"))
+    w_shape = (2, 3, 1, 1) if op == "ConvTranspose" else (3, 2, 4, 4)
+    b.output(b.op(op, x, b.initializer("w", f32(RNG, *w_shape)), name="win", **attrs), "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("optimize", [True, False], ids=["optimized", "plain"])
+@pytest.mark.parametrize("op, attrs, message", [
+    ("Conv", dict(strides=[4, 4]), r"node win \(Conv\): .*kernel extent 4 is larger than the "
+                                   r"padded input 2"),
+    ("FusedConv", dict(strides=[4, 4], activation="Relu"), r"kernel extent 4 is larger"),
+    ("ConvTranspose", dict(pads=[1, 1, 1, 1]), r"ConvTranspose: output size 0 along spatial "
+                                               r"axis 0"),
+])
+def test_windows_that_do_not_fit_the_input_are_errors_not_empty_outputs(op, attrs, message,
+                                                                       optimize):
+    """A 4x4 window over a 2x2 image: the symbolic size floor((2 - 4) / 4) + 1 is 0, and this
+    planned an empty output, then a network of NaNs (a ConvNeXt fed 2x2 images), where
+    PyTorch and onnxruntime refuse the input. The sizes that fit still run."""
+    s = Session(_windowed(op, **attrs), optimize=optimize)
+    with pytest.raises(OneModelError, match=message):
+        s.run({"x": np.ones((1, 2, 2, 2), np.float32)})
+    y = s.run({"x": np.ones((1, 2, 8, 8), np.float32)})["y"]
+    assert y.shape == ((1, 3, 2, 2) if op != "ConvTranspose" else (1, 3, 6, 6))

@@ -177,6 +177,10 @@ def _conv_shape(specs, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
             out.append(floordiv(add(dim, s[i] - 1), s[i]))
             continue
+        if isinstance(dim, int):  # a window wider than the padded input is an error, not 0
+            out.append(_geometry((dim,), (k[i],), (s[i],), (p[i], p[i + nd]), (d[i],),
+                                 auto_pad)[4][0])
+            continue
         pad = 0 if auto_pad == "VALID" else p[i] + p[i + nd]
         ext = (k[i] - 1) * d[i] + 1
         out.append(add(floordiv(add(dim, pad - ext), s[i]), 1))
@@ -308,6 +312,10 @@ def _convt_shape(specs, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
         else:
             out.append(add(mul(add(x.shape[2 + i], -1), s[i]),
                            (k[i] - 1) * d[i] + 1 + op[i] - p[i] - p[i + nd]))
+        if isinstance(out[-1], int) and out[-1] < 1 and x.shape[2 + i] != 0:
+            raise ShapeError(f"output size {out[-1]} along spatial axis {i} (input "
+                             f"{x.shape[2 + i]}, kernel {k[i]}, stride {s[i]}, pads "
+                             f"{p[i]}+{p[i + nd]}); the pads must leave at least one element")
     return TensorSpec((x.shape[0], mul(w.shape[1], group), *out), dt)
 
 
@@ -995,8 +1003,10 @@ def _deform_conv_shape(specs, *, dilations=None, group=1, kernel_shape=None, off
     s = strides or (1,) * nd
     d = dilations or (1,) * nd
     p = pads or (0,) * (2 * nd)
-    out = tuple(add(floordiv(add(x.shape[2 + i], p[i] + p[i + nd] - (k[i] - 1) * d[i] - 1), s[i]),
-                    1) for i in range(nd))
+    out = tuple(_geometry((x.shape[2 + i],), (k[i],), (s[i],), (p[i], p[i + nd]), (d[i],))[4][0]
+                if isinstance(x.shape[2 + i], int) else
+                add(floordiv(add(x.shape[2 + i], p[i] + p[i + nd] - (k[i] - 1) * d[i] - 1), s[i]), 1)
+                for i in range(nd))
     return TensorSpec((x.shape[0], w.shape[0], *out), dt)
 
 
