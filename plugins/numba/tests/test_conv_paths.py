@@ -179,7 +179,16 @@ def test_chunks_forward_and_gradients(xs, ws, attrs, small_chunks):
 
 
 @pytest.fixture
-def small_bands(monkeypatch):
+def one_thread(monkeypatch):
+    """Serial kernels, as with one thread (bands are built only then)."""
+    from onemodel.numba import _jit
+
+    _jit.sync_threads()  # first, or a later sync would set it back
+    monkeypatch.setattr(_jit, "_parallel", False)
+
+
+@pytest.fixture
+def small_bands(monkeypatch, one_thread):
     """Bands of a few output rows (about 700 bytes of columns), for any size of columns."""
     monkeypatch.setattr(conv, "_BAND_MIN_COLUMNS", 0)
     monkeypatch.setattr(conv, "_BAND_BYTES", 700)
@@ -212,14 +221,23 @@ def test_bands_of_output_rows_match_the_reference(xs, ws, attrs, dtype, small_ba
         np.testing.assert_allclose(out, want, **TOL[dtype])
 
 
-def test_bands_with_the_default_sizes(parallel_variants):
+def test_bands_with_the_default_sizes(one_thread):
     """A plane whose columns pass the default threshold (8 MiB for 1x16x120x120, 3x3) goes by
-    bands and matches the reference, with the parallel kernels; wide outputs never do."""
+    bands on one thread and matches the reference; wide outputs never do."""
     x, w, b = conv_arrays((1, 16, 120, 120), (24, 16, 3, 3), np.float32, seed=10)
     attrs = dict(pads=(1, 1, 1, 1))
     assert 0 < conv._band_rows(24, 144, 14400, 120, 1, 4) < 120
     assert conv._band_rows(conv._BAND_MAX_OUT + 1, 144, 14400, 120, 1, 4) == 0
     got, want = _run(x, w, b, "Relu", attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_no_bands_on_more_threads(parallel_variants):
+    """With parallel kernels the whole image is one GEMM (bands would fork and join each
+    step); the result is the same."""
+    assert conv._band_rows(24, 144, 14400, 120, 1, 4) == 0
+    x, w, b = conv_arrays((1, 16, 120, 120), (24, 16, 3, 3), np.float32, seed=10)
+    got, want = _run(x, w, b, "Relu", dict(pads=(1, 1, 1, 1)))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 

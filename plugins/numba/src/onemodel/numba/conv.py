@@ -25,7 +25,7 @@ from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.nn import _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
-from . import depthwise
+from . import _jit, depthwise
 from ._jit import jit, pick, sync_threads
 
 U = np.uint64
@@ -1253,11 +1253,14 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
 
 
 def _band_rows(m, rows, length, ow, group, itemsize):
-    """Output rows per band of a one-image GEMM, or 0 for the whole image at once. OpenBLAS
-    multiplies a narrow weight matrix (M <= 192) by wide columns (4 MiB and more) at 31-37
-    GMAC/s here, and by blocks of about 1 MiB of them at 43-46, so those are built and
-    multiplied a band at a time (docs/benchmarks.md, "Tenth round")."""
-    if group != 1 or m > _BAND_MAX_OUT or rows * length * itemsize <= _BAND_MIN_COLUMNS:
+    """Output rows per band of a one-image GEMM, or 0 for the whole image at once. On one
+    thread, OpenBLAS multiplies a narrow weight matrix (M <= 192) by wide columns (4 MiB and
+    more) at 31-37 GMAC/s here, and by blocks of about 1 MiB of them at 43-46, so those are
+    built and multiplied a band at a time. On more threads each band's column build, GEMM and
+    store would each fork and join: measured 1.2-2.3x slower there, so bands are not used
+    (docs/benchmarks.md, "Tenth round")."""
+    if _jit._parallel or group != 1 or m > _BAND_MAX_OUT or \
+            rows * length * itemsize <= _BAND_MIN_COLUMNS:
         return 0
     return max(1, _BAND_BYTES // (rows * ow * itemsize))
 
