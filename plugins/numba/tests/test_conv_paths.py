@@ -232,6 +232,32 @@ def test_bands_with_the_default_sizes(one_thread):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_cached_chunks_on_one_thread(dtype, one_thread, monkeypatch):
+    """On one thread a batch whose columns have many rows goes by one GEMM per chunk of
+    images (about 1 MiB of columns; here a few KB, so chunks of two and a last of one):
+    forward and both gradients match the reference. On more threads the plan is unchanged."""
+    x, w, b = conv_arrays((5, 32, 9, 9), (7, 32, 3, 3), dtype, seed=11)
+    monkeypatch.setattr(conv, "_CACHED_CHUNK_BYTES", 2 * 288 * 81 * x.itemsize)  # two images
+    conv._plan.cache_clear()
+    conv._PLANS.clear()
+    attrs = dict(pads=(1, 1, 1, 1))
+    plan = conv._plan(x.shape, w.shape, x.itemsize, None, None, (1, 1, 1, 1), None, "NOTSET", 1,
+                      True)
+    assert plan[0] == conv._ONE_GEMM and plan[-1] == 2
+    assert conv._plan(x.shape, w.shape, x.itemsize, None, None, (1, 1, 1, 1), None, "NOTSET",
+                      1, False)[0] == conv._BY_IMAGE
+    got, want = _run(x, w, b, "Relu", attrs)
+    np.testing.assert_allclose(got, want, **TOL[dtype])
+    dy = np.random.default_rng(12).standard_normal(want.shape).astype(dtype)
+    for op, fn in (("ConvInputGrad", conv.conv_input_grad),
+                   ("ConvWeightGrad", conv.conv_weight_grad)):
+        np.testing.assert_allclose(fn(x, w, dy, **attrs), OPS[op].kernel(x, w, dy, **attrs),
+                                   **TOL[dtype])
+    conv._plan.cache_clear()
+    conv._PLANS.clear()
+
+
 def test_no_bands_on_more_threads(parallel_variants):
     """With parallel kernels the whole image is one GEMM (bands would fork and join each
     step); the result is the same."""

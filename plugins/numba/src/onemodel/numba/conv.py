@@ -101,6 +101,8 @@ _PHASES_MIN_ROW = 32
 _BAND_MAX_OUT = 192
 _BAND_MIN_COLUMNS = 4 << 20
 _BAND_BYTES = 1 << 20
+_CACHED_CHUNK_MIN_ROWS = 256
+_CACHED_CHUNK_BYTES = 1 << 20
 
 
 @jit(parallel=True)
@@ -1192,13 +1194,15 @@ _PLANS: dict = {}  # the plans of calls whose attributes are hashable as given (
 
 def _plan_of(X, W, kernel_shape, strides, pads, dilations, auto_pad, group):
     """:func:`_plan` of a call: one dict lookup when the attributes come as tuples."""
-    key = (X.shape, W.shape, X.itemsize, kernel_shape, strides, pads, dilations, auto_pad, group)
+    serial = not _jit._parallel
+    key = (X.shape, W.shape, X.itemsize, kernel_shape, strides, pads, dilations, auto_pad, group,
+           serial)
     try:
         return _PLANS[key]
     except (KeyError, TypeError):
         pass
     plan = _plan(X.shape, W.shape, X.itemsize, _key(kernel_shape), _key(strides), _key(pads),
-                 _key(dilations), auto_pad, group)
+                 _key(dilations), auto_pad, group, serial)
     try:
         if len(_PLANS) < 4096:
             _PLANS[key] = plan
@@ -1208,9 +1212,11 @@ def _plan_of(X, W, kernel_shape, strides, pads, dilations, auto_pad, group):
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto_pad, group):
+def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto_pad, group,
+          serial=False):
     """Everything about a call that its shapes and attributes decide, worked out once per
-    signature: (path, output shape, strides, begin pads, dilations, kernel, images per chunk)."""
+    signature and thread mode (``serial``: kernels on one thread): (path, output shape,
+    strides, begin pads, dilations, kernel, images per chunk)."""
     n, c, h, w = xshape
     m = wshape[0]
     if group < 1 or m % group:
@@ -1241,6 +1247,14 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
         path = _SKINNY  # 1x1 over 1x1 planes (squeeze-and-excitation): the input is its operand
     elif direct:
         path = _DIRECT  # the input already is the GEMM operand
+    elif serial and n > 1 and group == 1 and rows >= _CACHED_CHUNK_MIN_ROWS and \
+            rows * length * itemsize <= _BAND_MIN_COLUMNS:
+        # one thread: one GEMM per chunk of images whose columns stay in cache (about 1 MiB),
+        # against one GEMM per image over the whole batch's columns: 0.8-0.9x the time of
+        # the convolution and its weight gradient for 3x3 windows over 256-1152 rows (a
+        # training CNN's 32x32x14x14 -> 64 3.9 -> 3.2 ms; docs/benchmarks.md, "Tenth round")
+        chunk = max(1, min(n, _CACHED_CHUNK_BYTES // (max(rows, m) * length * itemsize)))
+        return _ONE_GEMM, (n, m, oh, ow), s, pb, d, k, chunk
     elif n > 1 and (length <= _ONE_GEMM_MAX_LENGTH
                     or m * (rows // group) * itemsize >= _ONE_GEMM_MIN_WEIGHTS):
         path = _ONE_GEMM
@@ -1509,8 +1523,9 @@ def _conv_site(site: CallSite, act: int):
         kernel_shape, pads, strides, dilations = _attrs_2d(kernel_shape, pads, strides,
                                                            dilations)
     try:
+        sync_threads()
         plan = _plan(x4, w4, dtype.itemsize, _key(kernel_shape), _key(strides), _key(pads),
-                     _key(dilations), auto_pad, group)
+                     _key(dilations), auto_pad, group, not _jit._parallel)
     except Exception:  # attributes the generic call refuses: it names the problem
         return None
     y4 = plan[1]
