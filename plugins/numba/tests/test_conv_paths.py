@@ -37,6 +37,11 @@ CASES = [
     (conv._DW_TAPS, (2, 3, 27, 29), (6, 1, 3, 5), dict(group=3, strides=(2, 3),
                                                        pads=(2, 1, 1, 3), dilations=(2, 1))),
     (conv._DW_TAPS, (1, 16, 16, 16), (16, 1, 3, 3), dict(group=16, pads=(1, 1, 1, 1))),
+    # 7x7 (ConvNeXt) and 5x5 windows: their taps summed in several passes
+    (conv._DW_TAPS, (2, 8, 8, 8), (8, 1, 7, 7), dict(group=8, pads=(3, 3, 3, 3))),
+    (conv._DW_TAPS, (1, 5, 19, 17), (5, 1, 7, 7), dict(group=5, strides=(2, 2),
+                                                       pads=(3, 2, 3, 1))),
+    (conv._DW_TAPS, (1, 4, 12, 12), (8, 1, 5, 5), dict(group=4, pads=(2, 2, 2, 2))),
     (conv._DW_TAPS, (1, 16, 33, 32), (16, 1, 3, 3), dict(group=16, strides=(2, 2),
                                                          pads=(0, 1, 1, 0))),
     # more taps than the written-out kernel takes: the per-tap padded-plane kernel

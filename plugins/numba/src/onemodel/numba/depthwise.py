@@ -3,9 +3,10 @@
 Each channel is copied into a zero-padded plane (at a stride, into the stride's phases, where
 every tap is again a contiguous run). An output position then is ONE expression over all the
 taps, ``bias + w0 * buf[q + o0] + w1 * buf[q + o1] + ...``, with the weights and offsets held
-in locals, so the loop over positions vectorizes and keeps its sum in registers. A loop over the
-taps inside it could not: LLVM vectorizes the innermost loop only, and the padded-plane kernel
-it replaces (``conv._depthwise``) makes a pass over the accumulator per tap instead. Measured
+in locals, so the loop over positions vectorizes and keeps its sum in registers (windows of more
+than ``TAPS_PER_PASS`` taps add theirs in a few passes). A loop over the taps inside it could
+not: LLVM vectorizes the innermost loop only, and the padded-plane kernel it replaces
+(``conv._depthwise``) makes a pass over the accumulator per tap instead. Measured
 2-4x faster than that kernel on 14x14 to 112x112 planes, and than the channels-last kernel on
 8x8 and larger planes with 3x3 windows (``conv._plan`` chooses).
 
@@ -18,6 +19,11 @@ import threading
 from . import _generated
 
 MAX_TAPS = 64  # larger windows keep the per-tap kernel: their expression would be too long
+# taps summed per pass over the positions: with all 49 of a 7x7 window in one expression,
+# their weights no longer fit in vector registers and are reloaded for every term; passes of
+# 13 measured 0.55-0.8x the time for 7x7 windows and 0.86-0.97x for 5x5 (3x3 windows: one
+# pass, as before; docs/benchmarks.md, "Tenth round")
+TAPS_PER_PASS = 13
 
 _kernels: dict[tuple[int, int], object] = {}
 _lock = threading.Lock()
@@ -73,8 +79,7 @@ def kernel(x, wt, mult, sh, sw, ph, pw, dh, dw, bias, has_bias, act, out):
             wb = m * {taps}
 {weights}
             bv = bias[m] if has_bias else zero
-            for q in range(span):
-                acc[U(q)] = bv + {terms}
+{passes}
             ob = t * length
             for y in range(oh):
                 _store_activated(acc, y * wq, of, ob + y * ow, ow, act, zero)
@@ -91,9 +96,15 @@ def source(kh: int, kw: int) -> str:
         f" + ({j} * dw) // sw if strided else {i} * dh * wq + {j} * dw"
         for t, (i, j) in enumerate(taps))
     weights = "\n".join(f"            w{t} = wf[U(wb + {t})]" for t in range(len(taps)))
-    terms = " + ".join(f"w{t} * buf[U(q + o{t})]" for t in range(len(taps)))
+    passes = []
+    for first in range(0, len(taps), TAPS_PER_PASS):
+        terms = " + ".join(f"w{t} * buf[U(q + o{t})]"
+                           for t in range(first, min(len(taps), first + TAPS_PER_PASS)))
+        passes.append("            for q in range(span):\n"
+                      + (f"                acc[U(q)] = bv + {terms}" if first == 0 else
+                         f"                acc[U(q)] += {terms}"))
     return _HEADER.format(kh=kh, kw=kw, taps=len(taps), offsets=offsets, weights=weights,
-                          terms=terms)
+                          passes="\n".join(passes))
 
 
 def kernel(kh: int, kw: int):
