@@ -148,6 +148,10 @@ CASES = [
     ("LogSoftmax", [(0, 5)], {}),
     ("FusedAttention", [(0, 2, 3, 4), (0, 2, 4, 3), (0, 2, 3, 4)], {}),
     ("FusedGemm", [(0, 4), (4, 3), (3,)], {}),
+    # (more in test_resize.py)
+    ("Resize", [(2, 3, 5, 7), None, None, ("const", [2, 3, 11, 13])], dict(mode="linear")),
+    ("Resize", [(1, 4, 9, 8), None, ("const", [1.0, 1.0, 0.5, 1.75]), None],
+     dict(mode="cubic", coordinate_transformation_mode="align_corners")),
 ]
 
 # ops whose numba kernel claims float32 only: for float64 its supports check must refuse
@@ -155,6 +159,10 @@ F32_ONLY = {"Softmax", "LogSoftmax"}
 
 
 def _make(spec, rng, dtype, attrs_of_case):
+    if spec is None:  # an omitted optional input
+        return None
+    if isinstance(spec, tuple) and spec and spec[0] == "const":  # as given (Resize's sizes)
+        return np.array(spec[1], np.float32 if isinstance(spec[1][0], float) else np.int64)
     if isinstance(spec, tuple) and spec and spec[0] == "pos":
         return rng.uniform(0.5, 2.0, spec[1]).astype(dtype)
     if isinstance(spec, tuple) and spec and spec[0] == "out":
@@ -162,8 +170,10 @@ def _make(spec, rng, dtype, attrs_of_case):
     return (rng.standard_normal(spec) * 2).astype(dtype)
 
 
-def _strided(a: np.ndarray) -> np.ndarray:
+def _strided(a: np.ndarray | None) -> np.ndarray | None:
     """The same values in a non-contiguous array (every other element of a bigger one)."""
+    if a is None:
+        return None
     big = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
     big[..., ::2] = a
     view = big[..., ::2]

@@ -35,6 +35,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "FusedElementwise": (f"{_K}.fused:fused_elementwise", f"{_K}.support:same_float"),
     "FusedAttention": (f"{_K}.attention:fused_attention", f"{_K}.support:attention"),
     "FusedGemm": (f"{_K}.gemm:fused_gemm", f"{_K}.support:fused_gemm"),
+    "Resize": (f"{_K}.resize:resize", f"{_K}.support:resize"),
 }
 
 # optimizer updates: no op of the op set, so registered under names that are not op names.

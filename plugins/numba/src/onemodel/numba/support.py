@@ -82,6 +82,15 @@ def pool_grad(X, dY, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dil
     return _nchw(X) and dY.ndim == 4 and dY.dtype == X.dtype and len(tuple(kernel_shape)) == 2
 
 
+def resize(X, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
+           coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
+           extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
+           nearest_mode="round_prefer_floor"):
+    """Resize of a 4-D float32/float64 tensor (the kernel hands what it does not cover, other
+    axes and extrapolated positions, to the reference kernel)."""
+    return _nchw(X)
+
+
 def global_pool(X):
     """Global average pooling of float32/float64 with at least one spatial axis."""
     return X.ndim >= 3 and X.dtype in _FLOATS
