@@ -232,7 +232,9 @@ def _im2col_band(x, img, kh, kw, sh, sw, ph, pw, dh, dw, ow, y0, ny, cols):
 @jit(parallel=True)
 def _store_band(res, bias, has_bias, act, y, at, length):
     """y[m * length + at + k] = act(res[m, k] + bias[m]): a band's (M, width) GEMM result
-    into its place in one image's flat (M, length) output, bias and activation on the way."""
+    into its place in one image's flat (M, length) output, bias and activation on the way.
+    The loops repeat :func:`_scatter`'s: one helper called by both measured 1.3-3.4x slower
+    on rows of 16-448 (LLVM does not inline it, so each row pays a call and its checks)."""
     m_out, width = res.shape
     rf = res.reshape(m_out * width)
     zero = np.zeros(1, y.dtype)[0]
