@@ -1353,6 +1353,10 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
         pick(kernel)(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias,
                       act, y)
         return y
+    if type(prepared) is _Winograd:  # constant weights of a 3x3 convolution it suits
+        from . import winograd
+
+        return winograd.run(X, prepared.u, bias, has_bias, act, plan, y, pick)
     length = oh * ow
     c = X.shape[1]
     mg = m // group
@@ -1475,6 +1479,11 @@ def _prepared_weights(plan, xshape, w):
     path, (_, m, oh, ow) = plan[0], plan[1]
     if path == _DW_NHWC:
         return _channels_last_weights(w)
+    if path in (_BY_IMAGE, _ONE_GEMM) and not _jit._parallel:
+        from . import winograd
+
+        if winograd.fits(plan, xshape, w.shape, xshape[1] // w.shape[1]):
+            return _Winograd(winograd.weights(w))
     c = w.shape[1]
     if path == _SKINNY and xshape[2:] == (1, 1) and (oh, ow) == (1, 1) and \
             w.shape[2:] == (1, 1) and plan[3] == (0, 0) and c < m and \
@@ -1484,6 +1493,16 @@ def _prepared_weights(plan, xshape, w):
 
 
 _CM_MAX_WEIGHTS = 1 << 20
+
+
+class _Winograd:
+    """Weights transformed for :mod:`.winograd` (U, (16, M, C)): the plan's convolution
+    goes that way."""
+
+    __slots__ = ("u",)
+
+    def __init__(self, u: np.ndarray):
+        self.u = u
 
 
 def _immutable(value: np.ndarray) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Graph, Node
-from .base import Pass, PassResult, Uses, same_spec, spec_of_array
+from .base import Pass, PassResult, Uses, frozen, same_spec, spec_of_array
 
 
 def _per_channel(value: np.ndarray | None, channels: int, rank: int) -> np.ndarray | None:
@@ -71,10 +71,10 @@ class ConvAffineFolding(Pass):
             return False, specs
         bias = np.zeros(w.shape[0], w.dtype) if b is None else b
         if step.op == "Mul":
-            w_new = (w * k.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
-            b_new = (bias * k).astype(w.dtype)
+            w_new = frozen((w * k.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype))
+            b_new = frozen((bias * k).astype(w.dtype))
         else:
-            w_new, b_new = w, (bias + k).astype(w.dtype)
+            w_new, b_new = w, frozen((bias + k).astype(w.dtype))
         if specs is None:
             specs = graph.validate(allow_unknown=True)
         w_name = conv.inputs[1] if w_new is w else graph.fresh_name(conv.inputs[1] + "_aff")

@@ -13,6 +13,8 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from onemodel.tensors import DType, OneModelError, TensorSpec
 from onemodel.tensors.ops import OPS
 
@@ -151,6 +153,14 @@ def sole_consumer(graph: Graph, value: str):
     """The only node reading ``value``, or None (also None when it is a graph output)."""
     return Uses(graph).sole_consumer(value)
 
+
+def frozen(value: np.ndarray) -> np.ndarray:
+    """``value`` as a read-only view of an immutable ``bytes`` copy: for constants a pass
+    computes (folded weights), which nothing outside the graph holds. Kernels may then lay
+    them out once at plan time, as they do for constants loaded from a file (the numba
+    plugin's ``conv._immutable``)."""
+    value = np.ascontiguousarray(value)
+    return np.frombuffer(value.tobytes(), value.dtype).reshape(value.shape)
 
 def spec_of_array(arr) -> TensorSpec:
     return TensorSpec(tuple(arr.shape), DType.from_numpy(arr.dtype), small_value(arr))

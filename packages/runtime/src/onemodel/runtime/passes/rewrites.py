@@ -9,7 +9,7 @@ import numpy as np
 from onemodel.tensors.ops.fused import ACTIVATIONS
 
 from ..graph import Graph, Node
-from .base import Pass, PassResult, Uses, same_spec, spec_of_array
+from .base import Pass, PassResult, Uses, frozen, same_spec, spec_of_array
 
 
 def _init(graph: Graph, name: str):
@@ -67,7 +67,7 @@ class BatchNormFolding(Pass):
                 specs = graph.validate(allow_unknown=True)
             w_name = graph.fresh_name(producer.inputs[1] + "_bnfold")
             new_b = graph.fresh_name((b_name or "bias") + "_bnfold")
-            w_arr, b_arr = w_new.astype(w.dtype), b_new.astype(w.dtype)
+            w_arr, b_arr = frozen(w_new.astype(w.dtype)), frozen(b_new.astype(w.dtype))
             specs[w_name], specs[new_b] = spec_of_array(w_arr), spec_of_array(b_arr)
             candidate = Node(producer.op, [producer.inputs[0], w_name, new_b], [bn.outputs[0]],
                              dict(producer.attrs), producer.name)
