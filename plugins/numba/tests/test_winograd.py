@@ -89,7 +89,7 @@ def test_winograd_matches_the_reference(xs, ws, attrs, dtype):
 def test_only_constant_weights_on_one_thread_and_suitable_shapes(monkeypatch):
     """Weights that can change in place are never transformed once (an update must show);
     nor on more threads, at a stride, with 1x1 windows or groups, or outside the planes it
-    suits (56x56 lost to its input transform)."""
+    suits."""
     xs, ws = (1, 8, 14, 14), (6, 8, 3, 3)
     plan = conv._plan(xs, ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
     x, w, b = conv_arrays(xs, ws, np.float32, seed=4)
@@ -104,10 +104,11 @@ def test_only_constant_weights_on_one_thread_and_suitable_shapes(monkeypatch):
     assert not winograd.fits(conv._plan(xs, (6, 8, 1, 1), 4, None, None, None, None, "NOTSET",
                                         1, True), xs, (6, 8, 1, 1), 1)
     assert not winograd.fits(plan, xs, (6, 4, 3, 3), 2)
-    monkeypatch.setattr(winograd, "MIN_PLANE", 100)
-    assert not winograd.fits(plan, xs, ws, 1) or 14 * 14 >= 100
-    big = conv._plan((1, 8, 56, 56), ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
-    assert not winograd.fits(big, (1, 8, 56, 56), ws, 1)
+    big = conv._plan((1, 8, 70, 70), ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
+    assert not winograd.fits(big, (1, 8, 70, 70), ws, 1)  # 112x112: even with GEMM
+    monkeypatch.setattr(winograd, "MIN_PLANE", 64)
+    small = conv._plan((1, 8, 7, 7), ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
+    assert not winograd.fits(small, (1, 8, 7, 7), ws, 1)  # 7x7: products of 16 columns
     monkeypatch.setattr(_jit, "_parallel", True)
     assert conv._prepared_weights(plan, xs, _constant(w)) is None
 

@@ -6,11 +6,12 @@ the 16 products U[i] @ V[i] are one batched BLAS call, and numba transforms the 
 into NCHW with bias and activation. Relative error 3-7e-7 against the direct sum in float32.
 
 Chosen by :func:`fits` where it measured faster than the columns and one GEMM, on one
-thread: 32 or more channels in and out, planes of 100 to 1024 outputs (0.59-0.83x the time:
-1x128x28x28 -> 128 2.64 -> 1.72 ms, 1x512x14x14 -> 512 10.1 -> 6.9 ms, DenseNet's
-1x128x14x14 -> 32 0.28 -> 0.16 ms; 56x56 planes lose to its input transform, 1.3x, and 7x7
-planes to products of 16 columns; docs/benchmarks.md, "Tenth round"). The weights must be
-constants nothing can change in place (``conv._immutable``): they are transformed once."""
+thread: 32 or more channels in and out, planes of 64 to 4096 outputs (8x8 to 64x64). Against
+that path: 0.53-0.76x (1x128x14x14 -> 128 0.67 -> 0.36 ms, 1x64x56x56 -> 64 2.67 -> 1.68 ms,
+1x128x28x28 -> 128 2.64 -> 1.72 ms, 2x64x16x16 -> 64 0.43 -> 0.28 ms); 7x7 planes lose
+(products of 16 columns, 1.09x), 112x112 ones are even (0.77-1.08x); docs/benchmarks.md,
+"Tenth round". The weights must be constants nothing can change in place
+(``conv._immutable``): they are transformed once."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from ._jit import jit
 from .conv import _PLANES_PER_TASK, U, _activate_in_place
 
 MIN_CHANNELS = 32
-MIN_PLANE = 100
-MAX_PLANE = 1024
+MIN_PLANE = 64
+MAX_PLANE = 4096
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
 
@@ -42,18 +43,17 @@ def weights(w: np.ndarray) -> np.ndarray:
 
 
 @jit(parallel=True)
-def _input(x, pt, pl, th, tw, v):
-    """V[4i + j, c, tile] = (B^T d B)[i, j] for the 4x4 input tile d of every 2x2 output block
-    (zero outside the image). Each plane is first split into the even and odd columns of its
-    zero-padded plane, so a tile's four columns are runs that are contiguous along the tiles
-    and the loop over a row of tiles vectorizes."""
+def _input(x, pt, pl, th, tw, vf, s):
+    """V[4i + j, c, tile] = (B^T d B)[i, j] (flat ``vf``, the 16 parts ``s`` apart) for the
+    4x4 input tile d of every 2x2 output block (zero outside the image). Each plane is first
+    split into the even and odd columns of its zero-padded plane, so a tile's four columns
+    are runs that are contiguous along the tiles and the loop over a row of tiles
+    vectorizes."""
     n, c, h, w = x.shape
     tiles = n * th * tw
     hp = 2 * th + 2
     we = tw + 1
     xf = x.reshape(x.size)
-    vf = v.reshape(v.size)
-    s = c * tiles
     planes = n * c
     for task in prange((planes + _PLANES_PER_TASK - 1) // _PLANES_PER_TASK):
         # padding positions are never written: they stay zero for every plane
@@ -132,15 +132,13 @@ def _input(x, pt, pl, th, tw, v):
 
 
 @jit(parallel=True)
-def _output(mm, bias, has_bias, act, th, tw, y):
-    """y's 2x2 output blocks = A^T M A (+ bias, activation) from the 16 products M (16, M,
-    tiles): a row of blocks into four scratch rows (the block's corners, vectorized along the
-    tiles), then interleaved into the output's two rows (the last column and row dropped
-    where the output's size is odd)."""
+def _output(mf, s, bias, has_bias, act, th, tw, y):
+    """y's 2x2 output blocks = A^T M A (+ bias, activation) from the 16 products M (flat
+    ``mf``, each (M, tiles), ``s`` apart): a row of blocks into four scratch rows (the
+    block's corners, vectorized along the tiles), then interleaved into the output's two
+    rows (the last column and row dropped where the output's size is odd)."""
     n, m_out, oh, ow = y.shape
     tiles = n * th * tw
-    s = m_out * tiles
-    mf = mm.reshape(mm.size)
     yf = y.reshape(y.size)
     zero = np.zeros(1, y.dtype)[0]
     planes = n * m_out
@@ -178,14 +176,25 @@ def _output(mm, bias, has_bias, act, th, tw, y):
                     _activate_in_place(yf, r, ow, act, zero)
 
 
+def _stride(count: int) -> int:
+    """A stride of at least ``count`` elements between the 16 parts of V and M that is never
+    a multiple of 4 KiB: parts a power of two apart (16x16 planes of 64 channels: 16 KiB)
+    fall in the same cache sets, which measured 1.3-1.9x slower than the GEMM path."""
+    return (count // 32 + 1) * 32 + 16
+
+
 def run(X, u, bias, has_bias, act, plan, y, pick):
     """The convolution of C-contiguous X with the transformed weights ``u`` into ``y``."""
-    n = X.shape[0]
-    oh, ow = plan[1][2], plan[1][3]
+    n, c = X.shape[0], X.shape[1]
+    m, oh, ow = plan[1][1], plan[1][2], plan[1][3]
     pb = plan[3]
     th, tw = (oh + 1) // 2, (ow + 1) // 2
-    v = np.empty((16, X.shape[1], n * th * tw), X.dtype)
-    pick(_input)(X, pb[0], pb[1], th, tw, v)
-    products = np.matmul(u, v)
-    pick(_output)(products, bias, has_bias, act, th, tw, y)
+    tiles = n * th * tw
+    sv, sm = _stride(c * tiles), _stride(m * tiles)
+    v = np.empty(16 * sv, X.dtype)
+    pick(_input)(X, pb[0], pb[1], th, tw, v, sv)
+    products = np.empty(16 * sm, X.dtype)
+    np.matmul(u, v.reshape(16, sv)[:, :c * tiles].reshape(16, c, tiles),
+              out=products.reshape(16, sm)[:, :m * tiles].reshape(16, m, tiles))
+    pick(_output)(products, sm, bias, has_bias, act, th, tw, y)
     return y
