@@ -24,3 +24,20 @@ def parallel_variants(monkeypatch):
     monkeypatch.setattr(_jit, "_parallel", True)
     yield
     threads.set_num_threads(saved)
+
+
+@pytest.fixture
+def no_small_convolutions(monkeypatch):
+    """Convolution tests' cases are small: without this, most would take the one-call
+    small-convolution kernel (tested in test_conv_small.py) instead of the path they test.
+    The memoized plans are cleared before and after."""
+    from onemodel.numba import conv
+
+    monkeypatch.setattr(conv, "_SMALL_MAX_WORK", -1)
+    monkeypatch.setattr(conv, "_SMALL_MAX_WORK_WIDE", -1)
+    monkeypatch.setattr(conv, "_SMALL_MAX_WORK_NARROW", -1)
+    conv._plan.cache_clear()
+    conv._PLANS.clear()
+    yield
+    conv._plan.cache_clear()
+    conv._PLANS.clear()

@@ -84,17 +84,8 @@ ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish"]
 
 
 @pytest.fixture(autouse=True)
-def no_small_path(monkeypatch):
-    """These cases are small: without this, most would take the one-call small-convolution
-    kernel (tested in test_conv_small.py) instead of the path each is named for."""
-    monkeypatch.setattr(conv, "_SMALL_MAX_WORK", -1)
-    monkeypatch.setattr(conv, "_SMALL_MAX_WORK_WIDE", -1)
-    monkeypatch.setattr(conv, "_SMALL_MAX_WORK_NARROW", -1)
-    conv._plan.cache_clear()
-    conv._PLANS.clear()
-    yield
-    conv._plan.cache_clear()
-    conv._PLANS.clear()
+def no_small_path(no_small_convolutions):
+    """Each case takes the path it is named for, not the one-call small kernel."""
 
 
 def test_strided_cases_take_both_column_builders():

@@ -22,19 +22,12 @@ TOL = {np.float32: 5e-6, np.float64: 1e-12}
 
 
 @pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
+def one_thread(monkeypatch, no_small_convolutions):
+    """Serial kernels (Winograd runs on one thread only), small shapes admitted."""
     _jit.sync_threads()
     monkeypatch.setattr(_jit, "_parallel", False)
-    monkeypatch.setattr(winograd, "MIN_CHANNELS", 4)  # small test shapes
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", 4)
     monkeypatch.setattr(winograd, "MIN_PLANE", 4)
-    monkeypatch.setattr(conv, "_SMALL_MAX_WORK", -1)
-    monkeypatch.setattr(conv, "_SMALL_MAX_WORK_WIDE", -1)
-    monkeypatch.setattr(conv, "_SMALL_MAX_WORK_NARROW", -1)
-    conv._plan.cache_clear()
-    conv._PLANS.clear()
-    yield
-    conv._plan.cache_clear()
-    conv._PLANS.clear()
 
 
 def _constant(a: np.ndarray) -> np.ndarray:
