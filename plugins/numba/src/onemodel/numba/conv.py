@@ -1354,9 +1354,7 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
                       act, y)
         return y
     if type(prepared) is _Winograd:  # constant weights of a 3x3 convolution it suits
-        from . import winograd
-
-        return winograd.run(X, prepared.u, bias, has_bias, act, plan, y, pick)
+        return prepared.run(X, prepared.u, bias, has_bias, act, plan, y, pick)
     length = oh * ow
     c = X.shape[1]
     mg = m // group
@@ -1483,7 +1481,7 @@ def _prepared_weights(plan, xshape, w):
         from . import winograd
 
         if winograd.fits(plan, xshape, w.shape, xshape[1] // w.shape[1]):
-            return _Winograd(winograd.weights(w))
+            return _Winograd(winograd.weights(w), winograd.run)
     c = w.shape[1]
     if path == _SKINNY and xshape[2:] == (1, 1) and (oh, ow) == (1, 1) and \
             w.shape[2:] == (1, 1) and plan[3] == (0, 0) and c < m and \
@@ -1496,13 +1494,14 @@ _CM_MAX_WEIGHTS = 1 << 20
 
 
 class _Winograd:
-    """Weights transformed for :mod:`.winograd` (U, (16, M, C)): the plan's convolution
-    goes that way."""
+    """Weights transformed for :mod:`.winograd` (U, (16, M, C)) and its ``run``: the plan's
+    convolution goes that way (the module is looked up once, at plan time, not per call)."""
 
-    __slots__ = ("u",)
+    __slots__ = ("run", "u")
 
-    def __init__(self, u: np.ndarray):
+    def __init__(self, u: np.ndarray, run):
         self.u = u
+        self.run = run
 
 
 def _immutable(value: np.ndarray) -> bool:
