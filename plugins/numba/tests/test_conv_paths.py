@@ -71,6 +71,10 @@ CASES = [
     (conv._BY_IMAGE, (1, 2, 21, 21), (3, 2, 7, 7), dict(strides=(2, 2), pads=(3, 3, 3, 3))),
     (conv._BY_IMAGE, (1, 3, 16, 40), (4, 3, 3, 2), dict(strides=(2, 3), pads=(2, 1, 1, 0),
                                                        dilations=(2, 1))),
+    # patches (a window no wider than its stride, as a ViT's): a strided gather, even on long
+    # rows or with 64 taps
+    (conv._BY_IMAGE, (1, 3, 128, 256), (16, 3, 8, 8), dict(strides=(8, 8))),
+    (conv._ONE_GEMM, (2, 3, 16, 16), (5, 3, 4, 4), dict(strides=(4, 4))),
     (conv._DW_NHWC, (2, 20, 4, 4), (20, 1, 5, 5), dict(group=20, pads=(2, 2, 2, 2))),
     (conv._DW_NHWC, (2, 17, 13, 12), (17, 1, 3, 3), dict(group=17, strides=(2, 3),
                                                          pads=(2, 1, 0, 1), dilations=(2, 1))),
@@ -97,6 +101,13 @@ def test_strided_cases_take_both_column_builders():
                               attrs.get("dilations"), "NOTSET", attrs.get("group", 1))
             builders.add(conv._columns(plan[5], plan[2], plan[1][3]))
     assert builders == {conv._im2col, conv._im2col_phased}
+
+
+def test_patches_are_gathered_without_phases():
+    """Windows that do not overlap read each input once: no phase copy for them."""
+    assert conv._columns((8, 8), (8, 8), 32) is conv._im2col
+    assert conv._columns((16, 16), (16, 16), 14) is conv._im2col
+    assert conv._columns((7, 7), (2, 2), 16) is conv._im2col_phased
 
 
 def _path(x, w, attrs):
