@@ -81,6 +81,25 @@ def test_create_graph_gives_second_derivatives_like_torch():
     np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy())
 
 
+def test_second_derivatives_through_relu_like_torch():
+    """Relu's gradient (the ReluGrad op) is itself differentiable in the incoming gradient,
+    as a gradient penalty needs: d/dx of sum(dL/dx) for L = sum(relu(x)^2 * w)."""
+    x = np.array([-1.5, -0.2, 0.0, 0.4, 2.0])
+    w = np.array([0.3, -2.0, 1.0, 0.7, -1.1])
+    ours = Tensor.from_numpy(x.copy()).requires_grad_()
+    theirs = torch.tensor(x, requires_grad=True)
+    r = ours.relu()
+    (r * r * Tensor.from_numpy(w)).sum().backward(create_graph=True)
+    g = ours.grad
+    ours.grad = None
+    (g * g).sum().backward()
+    tr = torch.relu(theirs)
+    (tg,) = torch.autograd.grad((tr * tr * torch.tensor(w)).sum(), theirs, create_graph=True)
+    (tg * tg).sum().backward()
+    np.testing.assert_allclose(g.numpy(), tg.detach().numpy())
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy())
+
+
 def test_integer_tensors_cannot_require_grad():
     with pytest.raises(AutogradError, match="floating"):
         Tensor.zeros(2, dtype="I64").requires_grad_()

@@ -58,6 +58,7 @@ CASES = [
     ("LRN", [(1, 4, 3, 3)], dict(size=2)),
     ("Erf", [(7, 131)], {}),
     ("Gelu", [(3, 5, 97)], {}),
+    ("ReluGrad", [(3, 5, 97), (3, 5, 97)], {}),
     ("FusedElementwise", [(2, 6, 5, 7), (1, 6, 1, 1)], dict(program=["Add x0 x1", "Relu t0"])),
     ("FusedElementwise", [(3, 17), (17,), (1, 1)],
      dict(program=["Mul x0 x1", "Add t0 x2", "Clip t1 -0.5 nan", "Sigmoid t2", "Erf t3",
@@ -143,6 +144,7 @@ CASES = [
     ("LRN", [(0, 4, 3, 3)], dict(size=3)),
     ("LayerNormalization", [(0, 6), (6,), (6,)], {}),
     ("Gelu", [(0, 5)], {}),
+    ("ReluGrad", [(0, 5), (0, 5)], {}),
     ("GlobalAveragePool", [(0, 3, 4, 4)], {}),
     ("Softmax", [(0, 5)], {}),
     ("LogSoftmax", [(0, 5)], {}),
@@ -254,6 +256,19 @@ def test_special_values_follow_the_reference():
             want = OPS[op].kernel(x)
         np.testing.assert_array_equal(kernel(x), want)
         assert np.isnan(kernel(np.array([np.nan])))[0]
+
+
+def test_relu_grad_follows_the_reference_on_special_values():
+    """dY's NaN and infinities where Y <= 0 give NaN, a negative dY -0.0: the reference's
+    multiply by the mask, bit for bit (signs of zeros included)."""
+    kernel = registry.resolve(plugin.KERNELS["ReluGrad"][0])
+    y = np.array([-1.0, -1.0, -1.0, -1.0, 0.0, -0.0, np.nan, 2.0, 2.0, 1e-45], np.float32)
+    dy = np.array([np.nan, np.inf, -np.inf, -3.0, 5.0, 5.0, 1.0, np.nan, -4.0, 7.0], np.float32)
+    with np.errstate(invalid="ignore"):
+        want = OPS["ReluGrad"].kernel(y, dy)
+    got = kernel(y, dy)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
 
 
 def test_fused_literal_ops_follow_the_reference_on_special_values():

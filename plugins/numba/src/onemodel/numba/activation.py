@@ -1,5 +1,6 @@
 """Elementwise functions numpy computes slowly or in several passes: Erf and exact Gelu in one
-pass, float64 with libm's erf per element, float32 with the vectorizing ``_vecmath.erf32``."""
+pass, float64 with libm's erf per element, float32 with the vectorizing ``_vecmath.erf32``; and
+Relu's gradient in one pass (numpy: a mask, its cast and a multiply, two temporaries)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ def _gelu(x, out):
         out[q] = 0.5 * v * (1.0 + math.erf(v * _SQRT1_2))
 
 
+@jit(parallel=True)
+def _relu_grad(y, dy, out):
+    """out = dy * (y > 0), the reference's multiply by the 0/1 mask as a select: dy itself, or
+    dy times zero (0, -0.0, or NaN for an infinite or NaN dy, as the multiply gives)."""
+    zero = np.zeros(1, out.dtype)[0]
+    for q in prange(y.size):
+        g = dy[q]
+        out[q] = g if y[q] > zero else g * zero
+
+
 def _flat(X, out):
     if not X.flags.c_contiguous:
         X = np.ascontiguousarray(X)
@@ -67,4 +78,13 @@ def gelu(X, *, approximate="none", out=None):
     sync_threads()
     flat, out = _flat(X, out)
     (_gelu_f32 if flat.dtype == np.float32 else _gelu)(flat, out.reshape(-1))
+    return out
+
+
+def relu_grad(Y, dY):
+    """ReluGrad of float32/float64 Y and dY of one shape and dtype (see support.relu_grad)."""
+    sync_threads()
+    out = np.empty(dY.shape, dY.dtype)
+    _relu_grad(np.ascontiguousarray(Y).reshape(-1), np.ascontiguousarray(dY).reshape(-1),
+               out.reshape(-1))
     return out

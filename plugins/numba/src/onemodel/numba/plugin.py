@@ -25,6 +25,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "LRN": (f"{_K}.norm:lrn", f"{_K}.support:lrn"),
     "Erf": (f"{_K}.activation:erf", f"{_K}.support:unary"),
     "Gelu": (f"{_K}.activation:gelu", f"{_K}.support:unary"),
+    "ReluGrad": (f"{_K}.activation:relu_grad", f"{_K}.support:relu_grad"),
     "MaxPool": (f"{_K}.pool:max_pool", f"{_K}.support:pool"),
     "AveragePool": (f"{_K}.pool:average_pool", f"{_K}.support:pool"),
     "MaxPoolGrad": (f"{_K}.pool:max_pool_grad", f"{_K}.support:pool_grad"),

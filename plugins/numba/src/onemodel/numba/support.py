@@ -65,6 +65,11 @@ def unary(X, *, approximate="none"):
     return X.dtype in _FLOATS and approximate == "none"
 
 
+def relu_grad(Y, dY):
+    """Relu's gradient: Y and dY float32, or both float64, of one shape."""
+    return _float(Y, dY) and Y.shape == dY.shape
+
+
 def same_float(*inputs, program=()):
     """Every input float32, or every input float64."""
     return bool(inputs) and _float(*inputs)

@@ -8,9 +8,9 @@ import numpy as np
 
 from .. import symbolic as sym
 from ..dtype import FLOATING, NUMERIC, DType
-from ..errors import DTypeError
+from ..errors import DTypeError, ShapeError
 from . import _special
-from ._grad import unbroadcast
+from ._grad import call, unbroadcast
 from .adapters import ImportNode, onnx_adapter
 from .base import TensorSpec, broadcast_shapes, defop, first_value, same_dtype
 
@@ -205,14 +205,33 @@ def sigmoid(X):
 
 
 def _relu_grad(ctx, g):
-    # a multiply by the 0/1 mask: several times faster than a select on random masks
-    y = ctx.outputs[0]
-    return g * (y > 0).cast(y.dtype)
+    # one op, as PyTorch's threshold_backward: a kernel plugin does it in one pass, where the
+    # mask, its cast and the multiply were three passes and two temporaries
+    return call("ReluGrad", ctx.outputs[0], g)
 
 
 @defop("Relu", chain_operands=1, shape=_unary, grad=_relu_grad)
 def relu(X):
     return np.maximum(X, 0)
+
+
+def _relu_grad_shape(specs, **_):
+    if tuple(specs[0].shape) != tuple(specs[1].shape):
+        raise ShapeError(f"ReluGrad: Y {specs[0].shape} and dY {specs[1].shape} differ in shape")
+    return TensorSpec(specs[1].shape, same_dtype(specs[:2], NUMERIC))
+
+
+def _relu_grad_grad(ctx, g):
+    # linear in dY under the same mask; the mask (Y > 0) is piecewise constant: no gradient
+    return None, call("ReluGrad", ctx.inputs[0], g)
+
+
+@defop("ReluGrad", traceable=False, shape=_relu_grad_shape, grad=_relu_grad_grad,
+       domain="onemodel")
+def relu_grad(Y, dY):
+    """Gradient of Relu from its output: dY times the 0/1 mask of Y > 0 (a multiply, so a NaN
+    or infinite dY still gives NaN where Y <= 0, and a negative one -0.0)."""
+    return dY * (Y > 0).astype(dY.dtype)
 
 
 def _gelu_grad(ctx, g):
