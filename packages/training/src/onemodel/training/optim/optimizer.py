@@ -15,6 +15,8 @@ import numpy as np
 from onemodel.tensors import OneModelError, Tensor, devices, registry
 from onemodel.tensors.errors import PluginError
 
+from ..memory import keep_freed_memory
+
 # (update name, numpy dtype) -> a registered update kernel, or None: use the numpy update
 _updates: dict[tuple, Any] = {}
 registry.on_change(_updates.clear)
@@ -60,6 +62,7 @@ def _host_copy(v: Any, device: str) -> Any:
 
 class Optimizer:
     def __init__(self, params: Iterable, defaults: dict[str, Any]):
+        keep_freed_memory()  # this process trains: steps reuse the memory the last one freed
         self.defaults = dict(defaults)
         params = list(params)
         if not params:
