@@ -311,3 +311,22 @@ def test_float32_forward_close_to_torch(dtype):
     ref = TF.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).relu()
     assert ours.dtype is dtype
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, cols", [(8, 40), (16, 64), (64, 256), (3, 64), (32, 32)])
+def test_float32_linear_close_to_torch(rows, cols):
+    """float32 ``x @ W.T + b`` with few rows against many columns is computed transposed
+    ((W @ x.T).T, linalg._wide_transposed): the values and gradients match torch's all the
+    same, on both sides of the rule."""
+    rng = np.random.default_rng(rows)
+    x, w = rng.standard_normal((rows, 50)), rng.standard_normal((cols, 50))
+    b, g = rng.standard_normal(cols), rng.standard_normal((rows, cols))
+    ours = [Tensor.from_numpy(a.astype(np.float32)).requires_grad_() for a in (x, w, b)]
+    theirs = [torch.tensor(a.astype(np.float32), requires_grad=True) for a in (x, w, b)]
+    out, ref = F.linear(*ours), TF.linear(*theirs)
+    assert out.dtype is DType.F32 and out.numpy().flags.c_contiguous
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+    out.backward(Tensor.from_numpy(g.astype(np.float32)))
+    ref.backward(torch.tensor(g.astype(np.float32)))
+    for t, r in zip(ours, theirs):
+        np.testing.assert_allclose(t.grad.numpy(), r.grad.numpy(), rtol=1e-5, atol=1e-4)

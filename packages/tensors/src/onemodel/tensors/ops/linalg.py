@@ -186,11 +186,29 @@ def _gemm_grad(ctx, g):
     return ga, gb, gc
 
 
+# float32 A @ B.T (a Linear layer's forward: B is the (out, in) weight) with few rows against
+# many columns runs faster in OpenBLAS as (B @ A.T).T, copied back: 64x784 by 256x784 389 ->
+# 289 us, 16x128 by 128x128 13.8 -> 9.0, 8x512 by 1000x512 431 -> 205; not with as many rows as
+# columns (256x256 by 256x256 354 -> 441), under 8 rows, or in float64 (1.03-1.19x slower)
+_WIDE_MIN_ROWS = 8
+_WIDE_RATIO = 4
+
+
+def _wide_transposed(a, b_t) -> bool:
+    """Whether ``a @ b_t.T`` is computed as ``(b_t @ a.T).T`` (see above)."""
+    return a.dtype == np.float32 and b_t.dtype == np.float32 and a.ndim == 2 and \
+        b_t.ndim == 2 and a.shape[0] >= _WIDE_MIN_ROWS and \
+        _WIDE_RATIO * a.shape[0] <= b_t.shape[0]
+
+
 @defop("Gemm", shape=_gemm_shape, grad=_gemm_grad, writes_out=True)
 def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None):
     a = A.T if transA else A
-    b = B.T if transB else B
-    y = a @ b if out is None else _product_into(a, b, out)
+    if transB and out is None and _wide_transposed(a, B):
+        y = np.ascontiguousarray(np.dot(B, a.T).T)
+    else:
+        b = B.T if transB else B
+        y = a @ b if out is None else _product_into(a, b, out)
     if alpha != 1.0:
         y *= np.asarray(alpha, y.dtype)
     if C is not None:
