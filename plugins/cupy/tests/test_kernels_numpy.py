@@ -87,6 +87,10 @@ for op in ("And", "Or", "Equal"):
     case(op, [r(3, 4, dtype=np.bool_), r(4, dtype=np.bool_)])
 case("Sigmoid", [np.asarray([-np.inf, np.inf, np.nan, 0.0, -100.0, 100.0], np.float32)])
 case("Relu", [np.asarray([np.nan, -0.0, -1.0, 2.0], np.float32)])
+for dt in F:
+    case("ReluGrad", [r(3, 5, dtype=dt), r(3, 5, dtype=dt)])
+case("ReluGrad", [np.asarray([-1.0, -1.0, 0.0, np.nan, 2.0], np.float32),
+                  np.asarray([np.inf, -3.0, 5.0, 1.0, np.nan], np.float32)])
 for src, to in ((np.float32, DType.I32), (np.float64, DType.F16), (np.int64, DType.F32),
                 (np.bool_, DType.F32), (np.float32, DType.BOOL), (np.float32, DType.F32),
                 (np.int32, DType.U8), (np.float32, DType.BF16), (np.float32, DType.F8E4M3FN)):

@@ -130,6 +130,13 @@ def relu(X):
     return namespace(X).maximum(X, scalar(0, X.dtype))
 
 
+def relu_grad(Y, dY):
+    """Relu's gradient from its output: dY times the 0/1 mask of Y > 0, as the reference."""
+    xp = namespace(Y, dY)
+    positive = Y > scalar(0, Y.dtype)  # noqa: SIM300 (a comparison of arrays, not a Yoda)
+    return xp.multiply(dY, positive.astype(dY.dtype))
+
+
 def leaky_relu(X, *, alpha=0.01):
     xp = namespace(X)
     return xp.where(X >= 0, X, X * scalar(alpha, X.dtype))

@@ -46,6 +46,7 @@ KERNELS: dict[str, tuple[str, tuple[str, ...]]] = {
     # activations
     "Sigmoid": (f"{_K}:sigmoid", FLOAT),
     "Relu": (f"{_K}:relu", NUMERIC),
+    "ReluGrad": (f"{_K}:relu_grad", FLOAT),  # Relu's gradient: training stays on the GPU
     "LeakyRelu": (f"{_K}:leaky_relu", FLOAT),
     "Gelu": (f"{_K}:gelu", FLOAT),
     "Clip": (f"{_K}:clip", NUMERIC),
