@@ -162,6 +162,7 @@ def frozen(value: np.ndarray) -> np.ndarray:
     value = np.ascontiguousarray(value)
     return np.frombuffer(value.tobytes(), value.dtype).reshape(value.shape)
 
+
 def spec_of_array(arr) -> TensorSpec:
     return TensorSpec(tuple(arr.shape), DType.from_numpy(arr.dtype), small_value(arr))
 
