@@ -330,6 +330,53 @@ def test_a_fused_chain_writes_whichever_out_it_is_given():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shapes,program,as_shaped", [
+    # a transformer's output projection: bias, then the residual; the last axis stays
+    (((2, 16, 32), (32,), (2, 16, 32)), ("Add x1 x0", "Add t0 x2"), True),
+    # a broadcast on every axis, inputs of three ranks
+    (((5, 1, 8), (3, 1), (8,)), ("Mul x0 x1", "Add t0 x2", "Tanh t1"), True),
+    # a small activation whose collapse would merge the rows (64 rows of 32)
+    (((2, 32, 32),), ("Sigmoid x0",), True),
+    # per-channel bias over NCHW: collapsed (the rows of 8 merge into 64)
+    (((2, 6, 8, 8), (1, 6, 1, 1)), ("Add x0 x1", "Relu t0"), False),
+    # scalars (an expanded Range's arithmetic): no last axis to keep
+    (((), (), ()), ("Sub x0 x1", "Div t0 x2"), False),
+])
+def test_a_chain_along_the_last_axis_takes_its_arrays_as_shaped(shapes, program, as_shaped,
+                                                                 dtype):
+    """Chains that keep the last axis run a kernel given the arrays as they are (no views made
+    per call): equal bit for bit to the generic call, for strided inputs and a strided out too,
+    and other shapes or dtypes go to the generic call."""
+    inputs = [_x(*s).astype(dtype) for s in shapes]
+    site = _site(fused.fused_elementwise, inputs, dict(program=program), ())
+    call = specialize(fused.fused_elementwise, site)
+    assert ("as_shaped" in call.__qualname__) is as_shaped
+    want = site.generic(*inputs)
+    _same(call(*inputs), want)
+    _same(call(*[_strided(a) if a.ndim else a.copy() for a in inputs]), want)
+    out = np.full(want.shape, np.nan, dtype)
+    out = _strided(out) if out.ndim else out
+    assert call(*inputs, out=out) is out
+    _same(out, want)
+    other = [inputs[0].astype(np.float64 if dtype == np.float32 else np.float32), *inputs[1:]]
+    _same(call(*other), site.generic(*other))
+    if len(inputs) > 1:
+        mixed = [inputs[0], inputs[1].astype(np.float64 if dtype == np.float32 else np.float32),
+                 *inputs[2:]]
+        _same(call(*mixed), site.generic(*mixed))
+    if not inputs[0].ndim:
+        return
+    grown = [np.concatenate([inputs[0], inputs[0][:1]]), *inputs[1:]]
+    try:
+        want = site.generic(*grown)
+    except Exception as exc:  # shapes that no longer broadcast: the same error, from generic
+        with pytest.raises(type(exc)):
+            call(*grown)
+    else:
+        _same(call(*grown), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_scalar_constants_of_a_chain_are_baked_and_only_the_planned_ones_used(dtype):
     """The planned constants are literals of the kernel; a call given other arrays in their
     place (equal or not) takes the generic path and uses the values it was given."""
@@ -419,3 +466,16 @@ def test_a_widening_1x1_convolution_of_1x1_planes_uses_weights_laid_out_once(act
     for out in (None, np.empty_like(want)):
         got = call(x, w, b, out=out)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("planned", [False, True])
+def test_rms_normalization_fills_a_non_contiguous_out(planned):
+    """An out= whose rows cannot be viewed as the kernel's (a transposed buffer) still gets
+    the result, from the generic call and the planned one alike."""
+    x, scale = _x(3, 4, 8).astype(np.float32), _x(8).astype(np.float32)
+    want = norm.rms_normalization(x, scale)
+    call = specialize(norm.rms_normalization, _site(norm.rms_normalization, [x, scale], {},
+                                                    (1,))) if planned else norm.rms_normalization
+    out = np.full((8, 4, 3), np.nan, np.float32).T  # (3, 4, 8), not C-contiguous
+    assert call(x, scale, out=out) is out
+    _same(out, want)
