@@ -73,3 +73,34 @@ def test_a_session_over_an_mlp_uses_it_and_matches_torch():
         fused = [st for st in plan.steps if st.op == "FusedGemm"]
         assert len(fused) == 2 and all(
             getattr(st.call, "__qualname__", "").startswith("_fused_gemm_at") for st in fused)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 16, 17])
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_few_rows_by_large_constant_weights_match_torch(rows, trans_b):
+    """A classifier head (a few rows by 1 MiB or more of constant float32 weights) is planned
+    as the skinny product over the weights' (N, K) rows: against torch for 1-16 rows (17 take
+    BLAS), with either weight layout; another weight array than the planned one takes BLAS."""
+    from onemodel.tensors.ops.specialize import CallSite, specialize
+
+    rng = np.random.default_rng(rows)
+    k, n = 576, 520  # 1.2 MB of weights
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    x[0, 3] = np.inf if rows > 1 else x[0, 3]
+    w = (rng.standard_normal((n, k) if trans_b else (k, n)) / 24).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    attrs = dict(activation="HardSwish", transB=trans_b)
+    want = _torch(x, w, b, "HardSwish", trans_b)
+    site = CallSite(((rows, k), w.shape, (n,)), (x.dtype,) * 3, (None, w, b), attrs,
+                    ((rows, n),), lambda *a, out=None: gemm.fused_gemm(*a, out=out, **attrs))
+    call = specialize(gemm.fused_gemm, site)
+    assert call is not None
+    assert (gemm._rows_by_k(site, dict(attrs), (rows, n)) is not None) == (rows <= 16)
+    for out in (None, np.full(want.shape, np.nan, np.float32)):
+        got = call(x, w, b, out=out)
+        assert out is None or got is out
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    other = w.copy()
+    other[0, 0] += 1.0  # a different weight array: its own values, through BLAS
+    np.testing.assert_allclose(call(x, other, b), _torch(x, other, b, "HardSwish", trans_b),
+                               rtol=1e-4, atol=1e-4)
