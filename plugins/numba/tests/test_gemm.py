@@ -22,7 +22,7 @@ TOL = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float64: dict(rtol=1e-12, atol
 
 def _torch(x, w, b, act, trans_b):
     """act(x @ W + b) in torch, W given as (K, N) or, with ``trans_b``, as (N, K)."""
-    weight = torch.from_numpy(w if trans_b else np.ascontiguousarray(w.T))
+    weight = torch.from_numpy(np.array(w if trans_b else w.T, order="C"))
     bias = None if b is None else torch.from_numpy(b)
     return ACTS[act](torch.nn.functional.linear(torch.from_numpy(x), weight, bias)).numpy()
 
@@ -88,6 +88,7 @@ def test_few_rows_by_large_constant_weights_match_torch(rows, trans_b):
     x = rng.standard_normal((rows, k)).astype(np.float32)
     x[0, 3] = np.inf if rows > 1 else x[0, 3]
     w = (rng.standard_normal((n, k) if trans_b else (k, n)) / 24).astype(np.float32)
+    w.flags.writeable = False  # (K, N) weights are copied only when nothing can change them
     b = rng.standard_normal(n).astype(np.float32)
     attrs = dict(activation="HardSwish", transB=trans_b)
     want = _torch(x, w, b, "HardSwish", trans_b)
@@ -104,3 +105,42 @@ def test_few_rows_by_large_constant_weights_match_torch(rows, trans_b):
     other[0, 0] += 1.0  # a different weight array: its own values, through BLAS
     np.testing.assert_allclose(call(x, other, b), _torch(x, other, b, "HardSwish", trans_b),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_writable_weights_keep_blas_so_an_update_in_place_shows():
+    """(K, N) weights the caller can still write are not copied into the skinny layout: the
+    planned call reads them as they are, so changing them in place changes the next result."""
+    from onemodel.tensors.ops.specialize import CallSite, specialize
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 576)).astype(np.float32)
+    w = rng.standard_normal((576, 520)).astype(np.float32)
+    attrs = dict(activation="Relu")
+    site = CallSite(((2, 576), w.shape), (x.dtype,) * 2, (None, w), attrs, ((2, 520),),
+                    lambda *a, out=None: gemm.fused_gemm(*a, out=out, **attrs))
+    assert gemm._rows_by_k(site, dict(attrs), (2, 520)) is None
+    call = specialize(gemm.fused_gemm, site)
+    call(x, w)
+    w *= 2.0
+    np.testing.assert_allclose(call(x, w), _torch(x, w, None, "Relu", 0), rtol=1e-4, atol=1e-4)
+
+
+def test_a_session_plans_a_linear_head_at_batch_two_as_the_skinny_product():
+    """A Linear head in PyTorch's layout (transB=1): the gemm-weight-layout pass stores its
+    read-only transpose, which the skinny product reads back as rows; against torch."""
+    rng = np.random.default_rng(11)
+    w = (rng.standard_normal((600, 512)) / 20).astype(np.float32)  # (N, K): 1.2 MB
+    bias = rng.standard_normal(600).astype(np.float32)
+    b = GraphBuilder()
+    x_in = b.input("x", DType.F32, ("batch", 512))
+    y = b.op("Relu", b.op("Gemm", x_in, b.initializer("w", w), b.initializer("b", bias),
+                          transB=1))
+    b.output(y, "y")
+    session = Session(b.build())
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    got = session.run({"x": x}, return_numpy=True)["y"]
+    np.testing.assert_allclose(got, _torch(x, w, bias, "Relu", 1), rtol=1e-4, atol=1e-4)
+    plan = session.plan_for({"x": (2, 512)})
+    (step,) = [st for st in plan.steps if st.op == "FusedGemm"]
+    assert any(getattr(c.cell_contents, "__qualname__", "") == "_skinny_product.<locals>.skinny"
+               for c in step.call.__closure__)

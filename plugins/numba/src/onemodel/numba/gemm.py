@@ -14,7 +14,7 @@ from onemodel.tensors.ops.specialize import CallSite, specialize, specializer
 
 from . import _jit
 from ._jit import sync_threads
-from .conv import _NO_BIAS, ACT_CODES, _bias_act, _skinny_gemm
+from .conv import _NO_BIAS, ACT_CODES, _bias_act, _immutable, _skinny_gemm
 
 # float32 products of at most this many rows by constant weights of at least this many bytes
 # run as the numba skinny product over the weights as (N, K) rows, read once: OpenBLAS packs
@@ -91,13 +91,20 @@ def _fused_gemm_at(site: CallSite):
 def _rows_by_k(site: CallSite, attrs: dict, out_shape):
     """The constant weights as contiguous (N, K) rows when the product suits the skinny
     kernel (float32, A not transposed, few rows, large constant weights), else None. With
-    transB the weights already are those rows (no copy); else they are copied once, here."""
+    transB the weights already are those rows (no copy). Else they are copied once, here, and
+    only from weights nothing changes in place, so the copy cannot go stale: a file's
+    constants, or the read-only copy the gemm-weight-layout pass made of them; a caller's own
+    writable array keeps BLAS, where an update in place shows in the next run."""
     b = site.values[1] if len(site.values) > 1 else None
     if not isinstance(b, np.ndarray) or b.dtype != np.float32 or site.dtypes[0] != np.float32 \
             or attrs.get("transA", 0) or b.ndim != 2 or out_shape[0] > _SKINNY_MAX_ROWS or \
             b.nbytes < _SKINNY_MIN_WEIGHTS:
         return None
-    return np.ascontiguousarray(b if attrs.get("transB", 0) else b.T)
+    if attrs.get("transB", 0):
+        return b if b.flags.c_contiguous else None
+    if not (_immutable(b) or (not b.flags.writeable and b.base is None)):
+        return None
+    return np.ascontiguousarray(b.T)
 
 
 def _skinny_product(w, b_const, a_shape, out_shape, blas_product):

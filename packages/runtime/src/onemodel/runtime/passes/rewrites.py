@@ -187,6 +187,7 @@ class GemmWeightLayout(Pass):
             if name is None:
                 name = graph.fresh_name(node.inputs[1] + "_kn")
                 arr = np.ascontiguousarray(b.T)
+                arr.flags.writeable = False  # the session's own copy: kernels may derive from it
                 specs[name] = spec_of_array(arr)
             candidate = Node(node.op, [node.inputs[0], name, *node.inputs[2:]],
                              list(node.outputs), {**node.attrs, "transB": 0}, node.name)
