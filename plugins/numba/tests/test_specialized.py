@@ -14,6 +14,7 @@ import pytest
 
 from onemodel.numba import attention, conv, fused, gemm, norm, pool, softmax
 from onemodel.tensors import OneModelError
+from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
@@ -479,3 +480,5 @@ def test_rms_normalization_fills_a_non_contiguous_out(planned):
     out = np.full((8, 4, 3), np.nan, np.float32).T  # (3, 4, 8), not C-contiguous
     assert call(x, scale, out=out) is out
     _same(out, want)
+    with pytest.raises(ShapeError, match="out= has shape"):
+        norm.rms_normalization(x, scale, out=np.empty((2, 3, 4, 8), np.float32))

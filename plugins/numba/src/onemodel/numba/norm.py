@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from numba import prange
+from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
 from . import _jit
@@ -179,7 +180,10 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
     sc = _param(scale, shape[a:], width, dtype)
     if out is not None and not (out.shape == shape and out.dtype == dtype and
                                 out.flags.c_contiguous):
-        out[...] = rms_normalization(X, scale, axis=axis, epsilon=epsilon)  # numpy's checks
+        if out.shape != shape:
+            raise ShapeError(f"RMSNormalization: out= has shape {out.shape}, the result "
+                             f"{shape}; pass an array of the input's shape")
+        out[...] = rms_normalization(X, scale, axis=axis, epsilon=epsilon)
         return out
     if out is None:
         out = np.empty(shape, dtype)
