@@ -482,3 +482,59 @@ def test_rms_normalization_fills_a_non_contiguous_out(planned):
     _same(out, want)
     with pytest.raises(ShapeError, match="out= has shape"):
         norm.rms_normalization(x, scale, out=np.empty((2, 3, 4, 8), np.float32))
+
+
+@pytest.mark.parametrize("xshape,k,attrs,path", [
+    ((2, 8, 8, 8), 3, dict(pads=(1, 1, 1, 1)), conv._DW_TAPS),
+    ((2, 4, 3, 3), 5, dict(pads=(2, 2, 2, 2), strides=(2, 2)), conv._DW_TABLE),
+    ((2, 16, 6, 6), 3, dict(pads=(1, 1, 1, 1)), conv._DW_NHWC),
+    ((1, 4, 12, 12), 9, dict(pads=(4, 4, 4, 4)), conv._DW),
+])
+def test_a_planned_depthwise_convolution_calls_its_kernel_directly(xshape, k, attrs, path):
+    """Depthwise convolutions with constant weights plan a call straight to their kernel, with
+    its arguments chosen once: bit for bit the generic call's result, for strided inputs and a
+    given out; other weights, another bias or a strided out take the full call; weights
+    changed in place are used as they are now (the channels-last path lays out only a file's
+    weights, which cannot change)."""
+    c = xshape[1]
+    x = _x(*xshape).astype(np.float32)
+    w = _x(c, 1, k, k).astype(np.float32)
+    if path == conv._DW_NHWC:  # a file's constant, as the channels-last path needs
+        w = np.frombuffer(w.tobytes(), np.float32).reshape(w.shape)
+    b = _x(c).astype(np.float32)
+    attrs = dict(attrs, group=c, activation="HardSwish")
+    assert conv._plan(x.shape, w.shape, 4, None, attrs.get("strides"), attrs["pads"], None,
+                      "NOTSET", c)[0] == path
+    site = _site(conv.fused_conv, [x, w, b], attrs, (1, 2))
+    call = specialize(conv.fused_conv, site)
+    assert call.__qualname__.startswith("_depthwise_site")
+    want = site.generic(x, w, b)
+    _same(call(x, w, b), want)
+    _same(call(_strided(x), w, b), want)
+    out = np.full(want.shape, np.nan, np.float32)
+    assert call(x, w, b, out=out) is out
+    _same(out, want)
+    strided_out = _strided(np.full(want.shape, np.nan, np.float32))
+    assert call(x, w, b, out=strided_out) is strided_out
+    _same(strided_out, want)
+    b2 = b + 1.0
+    _same(call(x, w, b2), site.generic(x, w, b2))
+    w2 = w * 0.5
+    _same(call(x, w2, b), site.generic(x, w2, b))
+    if path != conv._DW_NHWC:
+        w *= -2.0  # an update in place of the planned constant
+        _same(call(x, w, b), site.generic(x, w, b))
+
+
+def test_conv_fills_a_strided_out_and_refuses_one_of_another_shape():
+    """The convolution kernels write C-contiguous results: a strided out= is filled through a
+    copy, and an out= of another shape is a ShapeError, never written past its end."""
+    x, w, b = _x(2, 3, 7, 7).astype(np.float32), _x(4, 3, 3, 3).astype(np.float32), \
+        _x(4).astype(np.float32)
+    want = conv.fused_conv(x, w, b, activation="Relu", pads=(1, 1, 1, 1))
+    out = _strided(np.full(want.shape, np.nan, np.float32))
+    assert conv.fused_conv(x, w, b, activation="Relu", pads=(1, 1, 1, 1), out=out) is out
+    _same(out, want)
+    with pytest.raises(ShapeError, match="out= has shape"):
+        conv.fused_conv(x, w, b, activation="Relu", pads=(1, 1, 1, 1),
+                        out=np.empty((2, 4, 7, 6), np.float32))
