@@ -86,7 +86,8 @@ def test_few_rows_by_large_constant_weights_match_torch(rows, trans_b):
     rng = np.random.default_rng(rows)
     k, n = 576, 520  # 1.2 MB of weights
     x = rng.standard_normal((rows, k)).astype(np.float32)
-    x[0, 3] = np.inf if rows > 1 else x[0, 3]
+    if rows > 1:
+        x[0, 3] = np.inf  # one row of infinities and NaN, the rest finite
     w = (rng.standard_normal((n, k) if trans_b else (k, n)) / 24).astype(np.float32)
     w.flags.writeable = False  # (K, N) weights are copied only when nothing can change them
     b = rng.standard_normal(n).astype(np.float32)

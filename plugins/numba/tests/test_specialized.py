@@ -354,6 +354,9 @@ def test_a_chain_along_the_last_axis_takes_its_arrays_as_shaped(shapes, program,
     assert ("as_shaped" in call.__qualname__) is as_shaped
     want = site.generic(*inputs)
     _same(call(*inputs), want)
+    # and the op's reference kernel, which runs the chain op by op in numpy
+    np.testing.assert_allclose(call(*inputs), OPS["FusedElementwise"].kernel(
+        *inputs, program=program), rtol=1e-6 if dtype == np.float32 else 1e-12, atol=1e-7)
     _same(call(*[_strided(a) if a.ndim else a.copy() for a in inputs]), want)
     out = np.full(want.shape, np.nan, dtype)
     out = _strided(out) if out.ndim else out

@@ -329,17 +329,16 @@ def _as_shaped(site: CallSite, out_shape: tuple, baked: tuple, consts: tuple, co
     projection) takes the ``collapsed`` call, whose reshape copies it (640 values: 4.5 against
     8.4 us). Simpler chains read strided rows as they are."""
     shapes, dtype, generic = site.shapes, site.dtypes[0], site.generic
+    program = tuple(site.attrs.get("program", ()))
     d = len(out_shape)
     patterns = tuple(tuple(size != 1 for size in (1,) * (d - len(s)) + tuple(s)) for s in shapes)
-    fn = _kernel(tuple(site.attrs.get("program", ())), d, patterns, dtype == np.float32, baked,
-                 tuple(len(s) for s in shapes))
+    fn = _kernel(program, d, patterns, dtype == np.float32, baked, tuple(len(s) for s in shapes))
     skip = {j for j, _ in baked}
     n_inputs = len(shapes)
     live = tuple(j for j in range(n_inputs) if j not in skip)
     checks = tuple((j, shapes[j]) for j in live)
     take = operator.itemgetter(*live) if len(live) > 1 else \
         (lambda inputs, j=live[0]: (inputs[j],))
-    program = tuple(site.attrs.get("program", ()))
     vector_math = any(str(text).split()[0] in _VECTOR_MATH for text in program)
     # the inputs a call must find C-contiguous (the plan's constants are checked once, here)
     contiguous = tuple(j for j in live if vector_math and not (
