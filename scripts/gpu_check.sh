@@ -7,6 +7,12 @@
 #   bash scripts/gpu_check.sh                 # venv in $TMPDIR/onemodel-gpu-venv (reused)
 #   GPU_VENV=/tmp/v bash scripts/gpu_check.sh
 #   GPU_CHECK_ZOO=squeezenet,resnet50 bash scripts/gpu_check.sh   # fewer zoo networks
+#   GPU_CHECK_OFFLINE=wheels/ PYTHON=/opt/py/bin/python3 bash scripts/gpu_check.sh
+#
+# GPU_CHECK_OFFLINE is for a machine with no package index: PYTHON must already have CuPy,
+# numpy, numba, onnx, pluggy, pytest and the packages' other needs; the repository's packages are
+# installed into it with --no-deps, their build backend (hatchling and what it needs) taken from
+# the wheels in the folder named, and onnxruntime is used as it is.
 #
 # Exit status: 0 when the GPU tests passed and the benchmark ran; 1 otherwise; 2 when no GPU.
 set -uo pipefail
@@ -31,28 +37,46 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L; then
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
-step "virtual environment $VENV"
-if [ ! -x "$VENV/bin/python" ]; then
-    "$PY" -m venv "$VENV" || { echo "cannot create $VENV" >&2; exit 1; }
-fi
-VPY="$VENV/bin/python"
-pip_install() { local t=$1; shift; timeout "$(cap "$t")" "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
-pip_install 60 --upgrade pip >/dev/null 2>&1 || true
-# the repository's packages (editable), the cupy plugin with its CUDA 12 CuPy, the ONNX plugin
-# and onnx (model zoo), numba (its elementwise-fusion pass makes the FusedElementwise nodes the
-# GPU then runs), and the test tools
-if ! pip_install 300 \
-        -e "$ROOT/packages/tensors" -e "$ROOT/packages/training" -e "$ROOT/packages/runtime" \
-        -e "$ROOT/packages/tracing" -e "$ROOT/plugins/native" -e "$ROOT/plugins/onnx" \
-        -e "$ROOT/plugins/numba" -e "$ROOT/plugins/cupy[cuda12]" pytest; then
-    echo "installing the packages and cupy-cuda12x failed (see above)" >&2
-    exit 1
-fi
-# onnxruntime-gpu is optional: its own CUDA/cuDNN needs may not match this machine
-ORT=yes
-if ! pip_install 120 onnxruntime-gpu; then
-    echo "onnxruntime-gpu did not install: the table has no onnxruntime-gpu column" >&2
-    ORT=no
+PACKAGES=(-e "$ROOT/packages/tensors" -e "$ROOT/packages/training" -e "$ROOT/packages/runtime"
+          -e "$ROOT/packages/tracing" -e "$ROOT/plugins/native" -e "$ROOT/plugins/onnx"
+          -e "$ROOT/plugins/numba")
+OFFLINE="${GPU_CHECK_OFFLINE:-}"
+[ -n "$OFFLINE" ] && OFFLINE="$(cd "$OFFLINE" && pwd)"  # pip builds in another folder
+if [ -n "$OFFLINE" ]; then
+    step "offline: installing into $PY (build backend from $OFFLINE)"
+    VPY="$PY"
+    if ! "$VPY" -c "import cupy, numba, onnx, pytest" 2>/dev/null; then
+        echo "offline mode needs CuPy, numba, onnx and pytest already in $PY" >&2
+        exit 1
+    fi
+    pip_install() { local t=$1; shift; timeout "$(cap "$t")" "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
+    if ! pip_install 300 --no-index --no-deps --find-links "$OFFLINE" \
+            "${PACKAGES[@]}" -e "$ROOT/plugins/cupy"; then
+        echo "installing the repository's packages offline failed (see above)" >&2
+        exit 1
+    fi
+    ORT=yes
+else
+    step "virtual environment $VENV"
+    if [ ! -x "$VENV/bin/python" ]; then
+        "$PY" -m venv "$VENV" || { echo "cannot create $VENV" >&2; exit 1; }
+    fi
+    VPY="$VENV/bin/python"
+    pip_install() { local t=$1; shift; timeout "$(cap "$t")" "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
+    pip_install 60 --upgrade pip >/dev/null 2>&1 || true
+    # the repository's packages (editable), the cupy plugin with its CUDA 12 CuPy, the ONNX plugin
+    # and onnx (model zoo), numba (its elementwise-fusion pass makes the FusedElementwise nodes
+    # the GPU then runs), and the test tools
+    if ! pip_install 300 "${PACKAGES[@]}" -e "$ROOT/plugins/cupy[cuda12]" pytest; then
+        echo "installing the packages and cupy-cuda12x failed (see above)" >&2
+        exit 1
+    fi
+    # onnxruntime-gpu is optional: its own CUDA/cuDNN needs may not match this machine
+    ORT=yes
+    if ! pip_install 120 onnxruntime-gpu; then
+        echo "onnxruntime-gpu did not install: the table has no onnxruntime-gpu column" >&2
+        ORT=no
+    fi
 fi
 "$VPY" - <<'EOF'
 import cupy
