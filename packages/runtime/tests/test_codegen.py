@@ -194,3 +194,27 @@ def test_reshape_and_transpose_steps_run_as_array_methods():
                                   x.transpose(0, 2, 1).reshape(4, -1))
     plan = s.plan_for({"x": (2, 3, 4)})
     assert {st.op for st in plan.steps if hasattr(st.call, "as_method")} == {"Transpose", "Reshape"}
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "helper"])
+def test_a_new_outputs_step_that_returns_a_view_gets_a_copy(compiled):
+    """An op declared ``new_outputs`` promises arrays of their own (the buffer plan keeps its
+    outputs out of its inputs' groups); a kernel that returns a view of its input anyway
+    has that output copied, in the compiled code and in the profiled loop alike."""
+    from onemodel.runtime.buffers import new_arrays
+
+    def both(x):
+        return x[::1], x + 1.0  # a view, and a new array
+
+    step = dataclasses.replace(_step(both, [2], [3, 4], multi=True), new_outputs=True)
+    x = np.arange(3.0)
+    if compiled:
+        view, new = compile_steps([step], [2], [3, 4], [None] * 5).run([x], ())
+    else:
+        view, new = new_arrays(step.call(x), True)
+    assert not np.shares_memory(view, x)
+    np.testing.assert_array_equal(view, x)
+    np.testing.assert_array_equal(new, x + 1.0)
+    single = dataclasses.replace(_step(lambda a: a[1:], [2], [3]), new_outputs=True)
+    (tail,) = compile_steps([single], [2], [3], [None] * 4).run([x], ())
+    assert not np.shares_memory(tail, x) and list(tail) == [1.0, 2.0]

@@ -80,7 +80,8 @@ def assign(io: Sequence[tuple[tuple[int, ...], tuple[int, ...], bool]],
     """The buffers of a plan's steps, or None when no step gets one.
 
     ``io[k]`` is step ``k``'s (input slots, output slots, fresh): ``fresh`` steps return arrays
-    that share no memory with their inputs (a continuation, whose outputs its own plan owns).
+    that share no memory with their inputs (a continuation, whose outputs its own plan owns, or
+    an op declared ``new_outputs``).
     ``candidates`` maps the steps whose kernel writes ``out=`` to their single output's shape
     and dtype; ``escaping`` holds the slots that outlive the run (the graph's outputs). Slots 0
     and 1 (an omitted input, unnamed outputs) carry nothing and join no group.
@@ -130,6 +131,15 @@ def fresh_out(call, shape: tuple[int, ...], dtype: np.dtype):
         return into(call(*args, out=out), out, call)
 
     return run
+
+
+def new_arrays(got, multi: bool):
+    """What a kernel of an op declared ``new_outputs`` returned (a tuple with ``multi``), with
+    any output that is a view (of an input, maybe a planned buffer a later step overwrites)
+    copied: the plan keeps such a step's outputs out of its inputs' groups on that promise."""
+    if not multi:
+        return got.copy() if got.base is not None else got
+    return tuple(r if r is None or r.base is None else r.copy() for r in got)
 
 
 def into(got, out: np.ndarray, kernel) -> np.ndarray:

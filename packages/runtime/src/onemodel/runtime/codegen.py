@@ -65,7 +65,7 @@ def compile_steps(steps: Sequence, input_slots: Sequence[int], output_slots: Seq
     """``steps`` (planner.Step) as one function that does what the step loop does."""
     inputs = set(input_slots)
     written = {o for st in steps for o in st.outs}
-    ns: dict[str, object] = {"_into": _buffers.into}
+    ns: dict[str, object] = {"_into": _buffers.into, "_new": _buffers.new_arrays}
     consts: dict[str, object] = {}
 
     def ref(slot: int) -> str:
@@ -103,6 +103,11 @@ def compile_steps(steps: Sequence, input_slots: Sequence[int], output_slots: Seq
             lines.append(f"    if o is not b: o = _into(o, b, c{k})")
         else:
             lines.append(f"    o = c{k}({args})")
+        if st.new_outputs:  # the check inline: a call of _new only for a view
+            views_of = " or ".join(f"(o[{j}] is not None and o[{j}].base is not None)"
+                                   for j in range(len(st.outs))) if st.multi else \
+                "o.base is not None"
+            lines.append(f"    if {views_of}: o = _new(o, {st.multi})")
         if st.multi:
             lines += [f"    v{slot} = o[{j}]" for j, slot in enumerate(st.outs)]
         else:

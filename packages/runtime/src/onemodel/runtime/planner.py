@@ -73,9 +73,11 @@ class Step:
     # the node's attributes: ``call`` may be a specialized kernel that no longer carries them,
     # and a device placement (placement.py) hands them to the device's kernel
     attrs: dict | None = None
+    # the op is declared ``new_outputs``: an output that comes back as a view is copied
+    new_outputs: bool = False
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if "attrs" in self.__dict__:  # a step already made: plans compiled before recompile
+        if "new_outputs" in self.__dict__:  # a step already made: plans compiled before recompile
             global _STEP_EDITS
             _STEP_EDITS += 1
         object.__setattr__(self, name, value)
@@ -180,6 +182,8 @@ class Plan:
                            else step.call(*step.gather(vals), out=buf))
                     if out is not buf:  # a kernel that broke the out= contract
                         out = _buffers.into(out, buf, step.call)
+                if step.new_outputs:  # a view would break the buffer plan's promise
+                    out = _buffers.new_arrays(out, step.multi)
                 if not step.multi:
                     vals[step.outs[0]] = out
                 else:
@@ -443,7 +447,8 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
 
     layout = None
     if candidates:
-        io = [(ins, outs, isinstance(n, Continuation)) for n, _, ins, outs in steps_src]
+        io = [(ins, outs, isinstance(n, Continuation) or OPS[n.op].new_outputs)
+              for n, _, ins, outs in steps_src]
         layout = _buffers.assign(io, candidates, {slot_of[w] for w in wanted})
     buf_of = {s.step: i for i, s in enumerate(layout.slots)} if layout is not None else {}
 
@@ -464,7 +469,7 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         multi = len(OPS[n.op].outputs) > 1 or OPS[n.op].outputs[0].endswith("...")
         steps.append(Step(call, gather, len(ins) == 1, multi, outs,
                           tuple(release_at.get(k, ())), n.label(), ins, n.name, n.op,
-                          buf_of.get(k, -1), attrs))
+                          buf_of.get(k, -1), attrs, OPS[n.op].new_outputs))
     outputs = [(w, slot_of[w]) for w in wanted]
     own = sum(v.nbytes for k, v in consts.items() if k not in graph.initializers)
     if layout is not None:

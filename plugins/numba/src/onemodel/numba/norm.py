@@ -1,5 +1,6 @@
 """Normalizations (float32/float64): batch normalization with running statistics, layer and
-RMS normalization over the last axis, and LRN across channels. One pass per row or plane with
+RMS normalization over the last axis (and layer normalization of a residual sum, the fused
+SkipLayerNormalization), and LRN across channels. One pass per row or plane with
 float64 accumulators, where numpy makes a temporary per arithmetic step."""
 
 from __future__ import annotations
@@ -64,6 +65,52 @@ def _layer_norm(x, scale, bias, has_bias, eps, rms, out, stats, mean_out, inv_ou
             mean_out[r] = mean
             inv_out[r] = inv
 
+
+@jit(parallel=True, fastmath={"reassoc"})
+def _skip_layer_norm(x, skip, bias, has_bias, scale, beta, has_beta, eps, out, total, keep):
+    """Rows of ``total = (x + bias) + skip`` (in the dtype, in that order, as the Adds it
+    replaces) normalized into ``out``, the sums as :func:`_layer_norm` takes them. ``skip``'s
+    rows repeat over ``x``'s (one row, or a trailing block such as positions). Without
+    ``keep`` the sums go to ``out``'s row, normalized there in place (``total`` unused): one
+    view read and written, where two views of one row would send the loop to its scalar
+    version (1.7 against 1.2 us on (2, 5, 32)). All C-contiguous, ``x``, ``out`` and ``total``
+    of the same shape."""
+    width = scale.shape[0]
+    rows = x.size // width if width > 0 else 0
+    period = skip.size // width if width > 0 else 1
+    xr = x.reshape((rows, width))
+    sr = skip.reshape((period, width))
+    outr = out.reshape((rows, width))
+    tr = total.reshape((rows, width))
+    for r in prange(rows):
+        row = xr[r]
+        srow = sr[r % period]
+        dst = outr[r]
+        trow = tr[r] if keep else dst
+        mean = 0.0
+        for q in range(width):
+            v = row[q] + bias[q] if has_bias else row[q]
+            v = v + srow[q]
+            trow[q] = v
+            mean += v
+        mean /= width
+        var = 0.0
+        for q in range(width):
+            d = trow[q] - mean
+            var += d * d
+        inv = 1.0 / math.sqrt(var / width + eps)
+        if keep:
+            for q in range(width):
+                v = (trow[q] - mean) * inv * scale[q]
+                if has_beta:
+                    v += beta[q]
+                dst[q] = v
+        else:
+            for q in range(width):
+                v = (dst[q] - mean) * inv * scale[q]
+                if has_beta:
+                    v += beta[q]
+                dst[q] = v
 
 @jit(parallel=True)
 def _lrn(x, alpha, beta, bias, size, out):
@@ -189,6 +236,23 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
         out = np.empty(shape, dtype)
     pick(_layer_norm)(X, sc, sc, False, float(epsilon), True, out, False, _NO_STATS, _NO_STATS)
     return out
+
+
+def skip_layer_normalization(X, Skip, Scale, B=None, Bias=None, *, epsilon=1e-5):
+    """SkipLayerNormalization of float32/float64 (see :func:`onemodel.numba.support.skip_norm`):
+    the normalized rows and the sum, both new arrays."""
+    sync_threads()
+    dtype = X.dtype
+    x = np.ascontiguousarray(X)
+    skip = np.ascontiguousarray(Skip)
+    scale = np.ascontiguousarray(Scale)
+    beta = scale if B is None else np.ascontiguousarray(B)
+    bias = scale if Bias is None else np.ascontiguousarray(Bias)
+    out = np.empty(X.shape, dtype)
+    total = np.empty(X.shape, dtype)
+    pick(_skip_layer_norm)(x, skip, bias, Bias is not None, scale, beta, B is not None,
+                           float(epsilon), out, total, True)
+    return out, total
 
 
 def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
@@ -376,6 +440,53 @@ def _rms_normalization_at(site: CallSite):
             X, sc, sc, False, eps, True, out, False, _NO_STATS, _NO_STATS)
         return out
     return rms_normalization_at
+
+
+@specializer(skip_layer_normalization)
+def _skip_layer_normalization_at(site: CallSite):
+    """SkipLayerNormalization planned for its shapes: constant Scale, B and Bias taken as
+    they are (contiguous rows, checked once), and the sum written only when the node names
+    that output (else the rows are summed in the output and normalized in place)."""
+    shapes, dtypes = site.shapes, site.dtypes
+    x_shape = shapes[0]
+    dtype = dtypes[0]
+    if x_shape is None or not x_shape or 0 in x_shape or dtype not in _FLOATS or \
+            any(s is None for s in shapes[1:3]):
+        return None
+    width = x_shape[-1]
+    consts = []
+    for i in (2, 3, 4):
+        shape = shapes[i] if i < len(shapes) else None
+        const = _const(site, i)
+        if shape is None:
+            consts.append(None)
+        elif const is _UNSET or const.shape != (width,) or const.dtype != dtype or \
+                not const.flags.c_contiguous:
+            return None  # a parameter computed at run time: the generic call
+        else:
+            consts.append(const)
+    scale, beta, bias = consts
+    skip_shape = shapes[1]
+    eps = float(site.attrs.get("epsilon", 1e-5))
+    keep_sum = len(site.out_shapes) > 1 and site.out_shapes[1] is not None
+    generic = site.generic
+    has_beta, has_bias = beta is not None, bias is not None
+    beta_row = scale if beta is None else beta
+    bias_row = scale if bias is None else bias
+
+    def skip_layer_normalization_at(X, Skip, Scale, B=None, Bias=None):
+        if X.shape != x_shape or Skip.shape != skip_shape or X.dtype != dtype or \
+                Skip.dtype != dtype or Scale is not scale or B is not beta or Bias is not bias:
+            return generic(X, Skip, Scale, B, Bias)
+        sync_threads()
+        out = np.empty(x_shape, dtype)
+        total = np.empty(x_shape, dtype) if keep_sum else out
+        (_skip_layer_norm if _jit._parallel else _skip_layer_norm.serial)(
+            X if X.flags.c_contiguous else np.ascontiguousarray(X),
+            Skip if Skip.flags.c_contiguous else np.ascontiguousarray(Skip),
+            bias_row, has_bias, scale, beta_row, has_beta, eps, out, total, keep_sum)
+        return out, (total if keep_sum else None)
+    return skip_layer_normalization_at
 
 
 @specializer(lrn)

@@ -22,6 +22,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "BatchNormalization": (f"{_K}.norm:batch_normalization", f"{_K}.support:batch_norm"),
     "LayerNormalization": (f"{_K}.norm:layer_normalization", f"{_K}.support:layer_norm"),
     "RMSNormalization": (f"{_K}.norm:rms_normalization", f"{_K}.support:rms_norm"),
+    "SkipLayerNormalization": (f"{_K}.norm:skip_layer_normalization", f"{_K}.support:skip_norm"),
     "LRN": (f"{_K}.norm:lrn", f"{_K}.support:lrn"),
     "Erf": (f"{_K}.activation:erf", f"{_K}.support:unary"),
     "Gelu": (f"{_K}.activation:gelu", f"{_K}.support:unary"),
@@ -68,3 +69,7 @@ def onemodel_register_passes(register) -> None:
     # before elementwise fusion takes the scores' scale and mask into a chain; the fused node
     # pays off with this plugin's one-pass kernel (the reference runs the same ops in turn)
     register("attention-fusion", "onemodel.runtime.passes.attention:AttentionFusion", order=57)
+    # before elementwise fusion takes the residual Add (and its bias Add) into a chain; the
+    # fused node pays off with this plugin's kernel (the reference adds, then normalizes)
+    register("skip-layer-norm-fusion", "onemodel.runtime.passes.rewrites:SkipLayerNormFusion",
+             order=58)

@@ -117,3 +117,18 @@ def attention(Q, Kt, V, mask=None, *, scale=1.0):
         return False
     lead = Q.shape[:-2]
     return Kt.shape[:-2] == lead and V.shape[:-2] == lead and (mask is None or mask.ndim <= 4)
+
+
+def skip_norm(X, Skip, Scale, B=None, Bias=None, *, epsilon=1e-5):
+    """SkipLayerNormalization of float32/float64 (one dtype) whose Scale, B and Bias are rows
+    of X's last axis and whose Skip repeats whole rows: X's shape, or a trailing part of it
+    (a bias row, positions). Other broadcasts go to the reference kernel."""
+    if not _float(X, Skip, Scale, B, Bias) or X.ndim == 0 or Skip.ndim == 0:
+        return False
+    width = X.shape[-1]
+    if any(p is not None and p.shape != (width,) for p in (Scale, B, Bias)):
+        return False
+    skip = Skip.shape
+    while len(skip) > 1 and skip[0] == 1:
+        skip = skip[1:]
+    return len(skip) <= X.ndim and skip == X.shape[X.ndim - len(skip):]

@@ -12,6 +12,7 @@ from .rewrites import (
     GemmWeightLayout,
     MatMulAddToGemm,
     RMSNormFusion,
+    SkipLayerNormFusion,
 )
 from .siblings import SiblingMatMulMerge
 
@@ -19,4 +20,4 @@ __all__ = ["ActivationFusion", "AttentionFusion", "BatchNormFolding", "BatchNorm
            "CommonSubexpressionElimination", "ConstantFolding", "ConvAffineFolding",
            "DeadCodeElimination",
            "GemmWeightLayout", "IdentityElimination", "MatMulAddToGemm", "Pass", "PassManager",
-           "RMSNormFusion", "SiblingMatMulMerge"]
+           "RMSNormFusion", "SiblingMatMulMerge", "SkipLayerNormFusion"]

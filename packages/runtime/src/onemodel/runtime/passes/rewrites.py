@@ -1,6 +1,7 @@
 """Rewrites that make fewer, bigger kernels: BatchNorm folded into Conv or Gemm, MatMul+Add to
-Gemm, an activation fused into the Conv or Gemm before it, and RMS normalization written out
-node by node made one RMSNormalization."""
+Gemm, an activation fused into the Conv or Gemm before it, RMS normalization written out
+node by node made one RMSNormalization, and a residual Add with the LayerNormalization after it
+made one SkipLayerNormalization."""
 
 from __future__ import annotations
 
@@ -306,3 +307,92 @@ class RMSNormFusion(Pass):
             return None
         chain.append(normed)
         return x, eps, weight, scale, chain
+
+
+class SkipLayerNormFusion(Pass):
+    name = "skip-layer-norm-fusion"
+    changes = ("replaces an Add (a residual connection, optionally after an Add of a constant "
+               "bias row) whose sum a LayerNormalization over the last axis reads, with one "
+               "SkipLayerNormalization node giving the normalized value and, where anything else "
+               "reads it, the sum")
+
+    # Why: transformers normalize right after each residual Add (BERT after every sublayer,
+    # GPT-2, ViT and Whisper before the next one). On small models each is two kernel calls of
+    # about 2 us; one kernel adds and normalizes each row while it is in registers, as
+    # onnxruntime's SkipLayerNormalization does.
+    def run(self, graph: Graph) -> PassResult:
+        uses = Uses(graph)
+        specs = None
+        done = 0
+        for ln in list(graph.nodes):
+            if ln.op != "LayerNormalization" or any(
+                    o and (o in uses.outputs or uses.readers.get(o)) for o in ln.outputs[1:]):
+                continue
+            add = uses.producer.get(ln.inputs[0])
+            if add is None or add.op != "Add" or len(ln.inputs) < 2 or \
+                    any(_init(graph, i) is None for i in ln.inputs[1:3] if i):
+                continue
+            if specs is None:
+                specs = graph.validate(allow_unknown=True)
+            found = self._match(graph, uses, specs, ln, add)
+            if found is None:
+                continue
+            x, skip, bias, dropped = found
+            total = add.outputs[0]
+            keep_sum = total in uses.outputs or len(uses.readers.get(total, ())) > 1
+            b = ln.inputs[2] if len(ln.inputs) > 2 else ""
+            fused = Node("SkipLayerNormalization", [x, skip, ln.inputs[1], b, bias],
+                         [ln.outputs[0]] + ([total] if keep_sum else []),
+                         {"epsilon": ln.attrs.get("epsilon", 1e-5)}, ln.name or add.name)
+            want = [specs.get(ln.outputs[0])] + ([specs.get(total)] if keep_sum else [])
+            if not same_spec(fused, specs, want):
+                continue
+            graph.nodes[graph.nodes.index(add)] = fused  # every input is ready where add was
+            graph.nodes.remove(ln)
+            for node in dropped:
+                graph.nodes.remove(node)
+            for node in (add, ln, *dropped):
+                for i in node.inputs:
+                    if i and node in uses.readers.get(i, ()):
+                        uses.readers[i].remove(node)
+            for i in fused.inputs:
+                if i:
+                    uses.readers.setdefault(i, []).append(fused)
+            for o in fused.outputs:
+                uses.producer[o] = fused
+            done += 1
+        return PassResult(done)
+
+    @staticmethod
+    def _match(graph: Graph, uses: Uses, specs: dict, ln: Node, add: Node):
+        """(X, Skip, Bias or "", bias Add node to drop or none) of ``add`` under ``ln``, or
+        None where the fused op would not compute the same: a normalization over other axes,
+        a dtype other than float32/float64, a Scale or B that is not one constant row."""
+        out = specs.get(add.outputs[0])
+        if out is None or out.dtype.numpy not in (np.float32, np.float64) or not out.shape:
+            return None
+        axis = ln.attrs.get("axis", -1)
+        if axis not in (-1, len(out.shape) - 1):
+            return None
+        width = out.shape[-1]
+        for name in ln.inputs[1:3]:
+            arr = _init(graph, name)
+            if name and (arr is None or arr.shape != (width,)):
+                return None
+        a, b = add.inputs[0], add.inputs[1]
+        if not a or not b or specs.get(a) is None or specs.get(b) is None:
+            return None
+        shape = tuple(out.shape)
+        for main, skip in ((a, b), (b, a)):  # a bias Add on either side is taken in
+            inner = uses.producer.get(main)
+            if inner is None or inner.op != "Add" or uses.sole_consumer(main) is not add:
+                continue
+            for x, bias in ((inner.inputs[0], inner.inputs[1]), (inner.inputs[1], inner.inputs[0])):
+                row = _init(graph, bias)
+                if row is not None and row.shape == (width,) and specs.get(x) is not None and \
+                        tuple(specs[x].shape) == shape:
+                    return x, skip, bias, [inner]
+        for main, skip in ((a, b), (b, a)):
+            if tuple(specs[main].shape) == shape:
+                return main, skip, "", []
+        return None

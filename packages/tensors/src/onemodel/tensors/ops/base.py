@@ -59,6 +59,9 @@ class OpDef:
     # the reference kernel also takes keyword ``out=``: a planned output buffer it fills
     # completely and returns (the ``writes_out`` of the onemodel_register_kernels hookspec)
     writes_out: bool = False
+    # every kernel of it returns arrays of its own, never a view of an input: the planner keeps
+    # its outputs out of its inputs' buffer groups (a step copies an output that is a view)
+    new_outputs: bool = False
 
     def export_opset(self, attrs: dict) -> int:
         """The lowest ONNX opset that can hold this node (its form may depend on attributes)."""
@@ -104,7 +107,8 @@ def defop(name: str, *, shape: Callable, grad: Callable | None = None, outputs=(
           domain: str = "", static: tuple[str, ...] = (), traceable: bool = True,
           foldable: bool = True, chain_operands: int | None = None,
           symbolic_value: Callable | None = None,
-          onnx_opset: int | Callable[[dict], int] = 0, writes_out: bool = False):
+          onnx_opset: int | Callable[[dict], int] = 0, writes_out: bool = False,
+          new_outputs: bool = False):
     """Define op ``name`` with ``shape`` (shape-and-dtype rule) and ``grad`` (gradient rule)
     around its reference numpy kernel; the other keywords are the ``OpDef`` fields of the same
     names. With ``writes_out`` the kernel's keyword-only ``out=None`` is the planned output
@@ -138,7 +142,7 @@ def defop(name: str, *, shape: Callable, grad: Callable | None = None, outputs=(
         op = OpDef(name, kernel, shape, grad, tuple(inputs), frozenset(optional), variadic, attrs,
                    tuple(outputs), domain, inspect.getdoc(kernel) or "", frozenset(static),
                    traceable, foldable, chain_operands, symbolic_value, onnx_opset,
-                   writes_out)
+                   writes_out, new_outputs)
         OPS[name] = op
         return op
 

@@ -1,7 +1,7 @@
 """Fused ops (domain ``onemodel``) that the runtime's fusion passes produce: a Conv or Gemm with
 its following activation applied in place, saving one pass over the output, a chain of
-elementwise ops as one node, and attention written out as MatMul, scale, mask, Softmax, MatMul.
-Inference only."""
+elementwise ops as one node, attention written out as MatMul, scale, mask, Softmax, MatMul, and
+a residual Add with the LayerNormalization after it. Inference only."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..dtype import FLOATING
 from ..errors import ShapeError
 from .base import OPS, TensorSpec, broadcast_shapes, defop, same_dtype
 from .linalg import _gemm_shape, _matmul_shape, gemm, matmul
-from .nn import _conv_shape, conv
+from .nn import _conv_shape, conv, layer_normalization
 from .specialize import CallSite, specialize, specializer
 
 ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "HardSwish")
@@ -109,6 +109,38 @@ def fused_attention(Q, Kt, V, mask=None, *, scale=1.0, out=None):
     if mask is not None:
         scores = scores + mask
     return matmul.kernel(OPS["Softmax"].kernel(scores, axis=-1), V, out=out)
+
+
+# residual connection and layer normalization ----------------------------------------------------
+
+def _skip_layer_norm_shape(specs, *, epsilon=1e-5):
+    x, skip = specs[0], specs[1]
+    dt = same_dtype([s for s in specs if s is not None], FLOATING)
+    if not x.shape:
+        raise ShapeError("SkipLayerNormalization: X needs at least one axis")
+    if len(skip.shape) > len(x.shape) or \
+            broadcast_shapes(x.shape, skip.shape) != tuple(x.shape):
+        raise ShapeError(f"SkipLayerNormalization: Skip {tuple(skip.shape)} must broadcast "
+                         f"onto X {tuple(x.shape)}")
+    width = x.shape[-1]
+    for name, spec in zip(("Scale", "B", "Bias"), specs[2:]):
+        if spec is not None and (len(spec.shape) != 1 or
+                                 broadcast_shapes(spec.shape, (width,)) != (width,)):
+            raise ShapeError(f"SkipLayerNormalization: {name} {tuple(spec.shape)} must be one "
+                             f"row of X's last axis ({width})")
+    return [TensorSpec(x.shape, dt), TensorSpec(x.shape, dt)]
+
+
+@defop("SkipLayerNormalization", shape=_skip_layer_norm_shape, domain="onemodel",
+       outputs=("Y", "Sum"), new_outputs=True)
+def skip_layer_normalization(X, Skip, Scale, B=None, Bias=None, *, epsilon=1e-5):
+    """LayerNormalization over the last axis of ``Sum = (X + Bias) + Skip``: a residual
+    connection and the norm after it, as onnxruntime's SkipLayerNormalization. ``Sum`` is the
+    second output (the residual stream a pre-norm transformer reads again); the additions run
+    in that order, as the graph it replaces wrote them."""
+    total = (X + Bias if Bias is not None else X) + Skip
+    y = layer_normalization.kernel(total, Scale, B, axis=-1, epsilon=epsilon)[0]
+    return y, total
 
 
 # elementwise chains ------------------------------------------------------------------------------
