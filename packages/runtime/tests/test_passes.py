@@ -121,6 +121,41 @@ def test_activation_fusion(activation):
     assert {n.op for n in g.nodes} >= {"FusedConv", "FusedGemm"}
 
 
+def _conv_clip(lo, hi, *, bound_input=False):
+    rng = np.random.default_rng(4)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 2, 5, 5))
+    y = b.op("Conv", x, b.initializer("w", f32(rng, 3, 2, 3, 3, scale=3.0)),
+             b.initializer("b", f32(rng, 3)), pads=(1, 1, 1, 1))
+    top = b.input("top", DType.F32, ()) if bound_input else b.const(np.float32(hi))
+    b.output(b.op("Clip", y, b.const(np.float32(lo)), top), "out")
+    return b.build()
+
+
+def test_relu6_written_as_clip_fuses_into_the_conv_equal_to_torch():
+    """Clip to the constant bounds 0 and 6 after a Conv (ReLU6, as PyTorch exports it)
+    becomes FusedConv with activation Relu6; other bounds, or a bound given at run time,
+    stay a Clip."""
+    import torch
+
+    graph = _conv_clip(0.0, 6.0)
+    g, _ = _check(graph, [ActivationFusion()], expect_ops_gone=("Clip",))
+    (fused,) = [n for n in g.nodes if n.op == "FusedConv"]
+    assert fused.attrs["activation"] == "Relu6"
+    x = np.random.default_rng(5).standard_normal((2, 2, 5, 5)).astype(np.float32)
+    init = {k: torch.from_numpy(np.asarray(v)) for k, v in graph.initializers.items()}
+    want = torch.nn.functional.relu6(torch.nn.functional.conv2d(
+        torch.from_numpy(x), init["w"], init["b"], padding=1)).numpy()
+    assert want.max() == 6.0 and want.min() == 0.0  # both bounds are reached
+    for session in (Session(g, optimize=False), Session(graph)):
+        np.testing.assert_allclose(session.run({"x": x})["out"].numpy(), want, rtol=1e-5,
+                                   atol=1e-5)
+    for other in (_conv_clip(0.0, 5.0), _conv_clip(-1.0, 6.0), _conv_clip(0.0, 6.0,
+                                                                         bound_input=True)):
+        optimized = other.copy()
+        assert not ActivationFusion().run(optimized)
+
+
 def test_full_pipeline_on_every_model():
     from onemodel.runtime.session import default_passes
 

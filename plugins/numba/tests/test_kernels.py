@@ -34,7 +34,12 @@ CASES = [
                       ((3, 5, 8, 8), (7, 5, 3, 3), dict(auto_pad="SAME_UPPER", strides=(2, 2))),
                       ((3, 12, 5, 6), (9, 4, 1, 1), dict(group=3)))],
     *[("FusedConv", [(2, 6, 9, 9), (4, 6, 3, 3), (4,)], dict(activation=a, pads=(1, 1, 1, 1)))
-      for a in ("Relu", "Sigmoid", "Tanh", "HardSwish")],
+      for a in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6")],
+    # Relu6 (Clip to 0 and 6) on the other paths: depthwise, 1x1, the small-convolution table
+    ("FusedConv", [(2, 6, 9, 9), (6, 1, 3, 3), (6,)], dict(activation="Relu6", group=6,
+                                                            pads=(1, 1, 1, 1))),
+    ("FusedConv", [(2, 8, 6, 6), (12, 8, 1, 1), (12,)], dict(activation="Relu6")),
+    ("FusedConv", [(1, 3, 5, 5), (2, 3, 3, 3), (2,)], dict(activation="Relu6")),
     ("FusedConv", [(1, 6, 9, 9), (6, 1, 3, 3), (6,)], dict(activation="Relu", group=6,
                                                             strides=(2, 2))),
     # depthwise with the bias and activation applied as the rows are stored (stride 1 and not,
@@ -140,6 +145,7 @@ CASES = [
     ("FusedGemm", [(3, 7), (7, 5), (5,)], {}),
     ("FusedGemm", [(4, 6), (9, 6), (9,)], dict(transB=1, activation="Sigmoid")),
     ("FusedGemm", [(6, 4), (6, 5)], dict(transA=1, activation="Tanh")),
+    ("FusedGemm", [(5, 8), (8, 6), (6,)], dict(activation="Relu6")),
     ("FusedGemm", [(2, 300), (300, 1100), (1100,)], {}),  # 2 rows by a 1.3 MB weight
     # empty batches
     ("MaxPool", [(0, 3, 5, 5)], dict(kernel_shape=(2, 2))),
@@ -440,3 +446,17 @@ def test_pooling_refuses_an_out_that_breaks_the_contract(op, attrs):
                          np.float32)[:, ::2]):
         with pytest.raises(OneModelError, match="out= must be"):
             kernel(x, **attrs, out=bad)
+
+
+def test_skip_layer_norm_with_a_residual_broadcast_inside_rows_takes_the_reference():
+    """The kernel repeats the residual's rows; (B, 1, C) over (B, S, C) does not repeat rows,
+    so the supports check refuses it and a direct call computes it by the reference."""
+    kernel, supports = (registry.resolve(x) for x in plugin.KERNELS["SkipLayerNormalization"])
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    skip = rng.standard_normal((2, 1, 8)).astype(np.float32)
+    scale = rng.uniform(0.5, 1.5, 8).astype(np.float32)
+    assert not supports(x, skip, scale)
+    for got, want in zip(kernel(x, skip, scale), OPS["SkipLayerNormalization"].kernel(x, skip,
+                                                                                      scale)):
+        np.testing.assert_allclose(got, want, **TOL[np.float32])

@@ -82,12 +82,15 @@ def _activate(xp, y, activation):
         return xp.tanh(y, out=y)
     if activation == "Sigmoid":
         return sigmoid(y)
+    if activation == "Relu6":  # Clip to 0 and 6, as this plugin's Clip (NaN propagates)
+        xp.maximum(y, scalar(0, y.dtype), out=y)
+        return xp.minimum(y, scalar(6, y.dtype), out=y)
     if activation == "HardSwish":  # the formula of the HardSwish op
         gate = xp.clip(y / scalar(6, y.dtype) + scalar(0.5, y.dtype), scalar(0, y.dtype),
                        scalar(1, y.dtype))
         return xp.multiply(y, gate, out=y)
-    raise ShapeError(f"unknown fused activation {activation!r}; expected Relu, Sigmoid, Tanh or "
-                     "HardSwish")
+    raise ShapeError(f"unknown fused activation {activation!r}; expected Relu, Sigmoid, Tanh, "
+                     "HardSwish or Relu6")
 
 
 def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=None, group=1,

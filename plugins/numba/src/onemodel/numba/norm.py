@@ -15,6 +15,7 @@ from onemodel.tensors.ops.specialize import CallSite, specializer
 
 from . import _jit
 from ._jit import jit, pick, sync_threads
+from .support import skip_norm
 
 
 @jit(parallel=True)
@@ -240,7 +241,12 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
 
 def skip_layer_normalization(X, Skip, Scale, B=None, Bias=None, *, epsilon=1e-5):
     """SkipLayerNormalization of float32/float64 (see :func:`onemodel.numba.support.skip_norm`):
-    the normalized rows and the sum, both new arrays."""
+    the normalized rows and the sum, both new arrays. Other calls go to the reference kernel:
+    the kernel repeats Skip's rows, which only a trailing part of X's shape may do."""
+    if not skip_norm(X, Skip, Scale, B, Bias):
+        from onemodel.tensors.ops import OPS
+
+        return OPS["SkipLayerNormalization"].kernel(X, Skip, Scale, B, Bias, epsilon=epsilon)
     sync_threads()
     dtype = X.dtype
     x = np.ascontiguousarray(X)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-_ACTIVATIONS = ("", "Relu", "Sigmoid", "Tanh", "HardSwish")  # conv.ACT_CODES (numba-free here)
+_ACTIVATIONS = ("", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6")  # conv.ACT_CODES, numba-free
 
 
 def _float(*arrays) -> bool:

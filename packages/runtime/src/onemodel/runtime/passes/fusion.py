@@ -36,7 +36,8 @@ class ElementwiseFusion(Pass):
     # makes one (Sigmoid: float32 only, whose exp the fused kernels vectorize; libm's float64
     # exp per element loses to numpy's)
     alone: dict[str, tuple[DType, ...]] = {"HardSwish": _FLOATS, "HardSigmoid": _FLOATS,
-                                           "LeakyRelu": _FLOATS, "Sigmoid": (DType.F32,)}
+                                           "LeakyRelu": _FLOATS, "Sigmoid": (DType.F32,),
+                                           "Clip": _FLOATS}
 
     def run(self, graph: Graph) -> PassResult:
         uses = Uses(graph)

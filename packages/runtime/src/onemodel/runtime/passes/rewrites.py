@@ -134,8 +134,9 @@ class MatMulAddToGemm(Pass):
 
 class ActivationFusion(Pass):
     name = "activation-fusion"
-    changes = ("fuses Relu, Sigmoid, Tanh or HardSwish into the Conv or Gemm before it "
-               "(FusedConv, FusedGemm)")
+    changes = ("fuses Relu, Sigmoid, Tanh, HardSwish, or Clip to constant bounds 0 and 6 "
+               "(ReLU6, activation Relu6), into the Conv or Gemm before it (FusedConv, "
+               "FusedGemm)")
 
     def run(self, graph: Graph) -> PassResult:
         uses = Uses(graph)
@@ -145,12 +146,13 @@ class ActivationFusion(Pass):
             if node.op not in ("Conv", "Gemm"):
                 continue
             act = uses.sole_consumer(node.outputs[0])
-            if act is None or act.op not in ACTIVATIONS:
+            name = _activation(graph, act, node.outputs[0])
+            if name is None:
                 continue
             if specs is None:
                 specs = graph.validate(allow_unknown=True)
             fused = Node("Fused" + node.op, list(node.inputs), list(act.outputs),
-                         {**node.attrs, "activation": act.op}, node.name)
+                         {**node.attrs, "activation": name}, node.name)
             if not same_spec(fused, specs, [specs.get(act.outputs[0])]):
                 continue
             at = graph.nodes.index(node)
@@ -160,6 +162,17 @@ class ActivationFusion(Pass):
             graph.nodes.remove(act)
             done += 1
         return PassResult(done)
+
+
+def _activation(graph: Graph, act: Node | None, value: str) -> str | None:
+    """The fused activation ``act`` (reading ``value``) is, or None: an op of ACTIVATIONS, or
+    Clip to the constant bounds 0 and 6 (Relu6)."""
+    if act is None:
+        return None
+    if act.op == "Clip":
+        bounds = [_scalar(graph, i) if i else None for i in act.inputs[1:3]]
+        return "Relu6" if act.inputs[0] == value and bounds == [0.0, 6.0] else None
+    return act.op if act.op in ACTIVATIONS and act.op != "Relu6" else None
 
 
 class GemmWeightLayout(Pass):

@@ -16,7 +16,9 @@ from .linalg import _gemm_shape, _matmul_shape, gemm, matmul
 from .nn import _conv_shape, conv, layer_normalization
 from .specialize import CallSite, specialize, specializer
 
-ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "HardSwish")
+# "Relu6" is Clip(x, 0, 6) (MobileNetV2's ReLU6): activation fusion takes a Clip with those
+# constant bounds, as onnxruntime fuses its Clip into the convolution
+ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6")
 
 
 def _activate(y: np.ndarray, activation: str) -> np.ndarray:
@@ -31,6 +33,8 @@ def _activate(y: np.ndarray, activation: str) -> np.ndarray:
         np.divide(1, 1 + e, out=y, where=pos)
         np.divide(e, 1 + e, out=y, where=~pos)
         return y
+    if activation == "Relu6":  # as the Clip op computes it (NaN stays NaN)
+        return np.clip(y, y.dtype.type(0), y.dtype.type(6), out=y)
     if activation == "HardSwish":  # MobileNetV3's; the formula of the HardSwish op
         gate = np.clip(y / y.dtype.type(6) + y.dtype.type(0.5), 0, 1)
         return np.multiply(y, gate, out=y)
@@ -44,7 +48,7 @@ def _fused_conv_shape(specs, *, activation="Relu", **attrs):
 @defop("FusedConv", shape=_fused_conv_shape, domain="onemodel")
 def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=None, group=1,
                kernel_shape=None, pads=None, strides=None):
-    """Conv followed by ``activation`` (Relu, Sigmoid, Tanh or HardSwish)."""
+    """Conv followed by ``activation`` (Relu, Sigmoid, Tanh, HardSwish or Relu6)."""
     y = conv.kernel(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
                     kernel_shape=kernel_shape, pads=pads, strides=strides)
     return _activate(y, activation)
