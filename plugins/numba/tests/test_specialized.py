@@ -541,3 +541,70 @@ def test_conv_fills_a_strided_out_and_refuses_one_of_another_shape():
     with pytest.raises(ShapeError, match="out= has shape"):
         conv.fused_conv(x, w, b, activation="Relu", pads=(1, 1, 1, 1),
                         out=np.empty((2, 4, 7, 6), np.float32))
+
+
+def _file_constant(a):
+    """``a`` as a constant loaded from a file is: a read-only view of immutable bytes."""
+    a = np.ascontiguousarray(a)
+    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
+
+
+# (input, weights, attributes, live rows, live columns): dilated or padded windows over small
+# planes, some of whose kernel rows or columns read only padding
+DEAD_TAPS = [
+    ((2, 24, 4, 4), (8, 24, 3, 3), dict(dilations=(12, 12), pads=(12, 12, 12, 12)),
+     (1, 2), (1, 2)),  # DeepLabV3's ASPP over a 4x4 map: the centre tap only
+    ((2, 6, 5, 4), (4, 6, 3, 3), dict(dilations=(6, 2), pads=(6, 2, 6, 2)), (1, 2), (0, 3)),
+    ((1, 4, 3, 3), (5, 4, 5, 5), dict(pads=(4, 1, 4, 1), strides=(2, 1)), (0, 5), (1, 4)),
+    ((2, 8, 4, 4), (8, 1, 3, 3), dict(group=8, dilations=(4, 4), pads=(4, 4, 4, 4)), (1, 2),
+     (1, 2)),  # depthwise
+]
+
+
+@pytest.mark.parametrize("activation", ["", "Relu"])
+@pytest.mark.parametrize("xshape, wshape, attrs, rows, cols", DEAD_TAPS)
+def test_taps_that_read_only_padding_are_left_out_and_the_result_is_torchs(
+        xshape, wshape, attrs, rows, cols, activation):
+    """A convolution with constant weights from a file, some of whose kernel rows or columns
+    read only padding at the planned size, runs as the convolution of the live taps; the
+    result is PyTorch's full convolution. Other weights take the generic call."""
+    import torch
+
+    x = _x(*xshape).astype(np.float32)
+    w = _file_constant(_x(*wshape).astype(np.float32))
+    b = _file_constant(_x(wshape[0]).astype(np.float32))
+    full = dict(attrs, activation=activation) if activation else attrs
+    kernel = conv.fused_conv if activation else conv.conv
+    plan = conv._plan(xshape, wshape, 4, None, attrs.get("strides"), attrs["pads"],
+                      attrs.get("dilations"), "NOTSET", attrs.get("group", 1))
+    assert (conv._live_taps(xshape[2], plan[1][2], wshape[2], plan[2][0], plan[3][0],
+                            plan[4][0]),
+            conv._live_taps(xshape[3], plan[1][3], wshape[3], plan[2][1], plan[3][1],
+                            plan[4][1])) == (rows, cols)
+    call = specialize(kernel, _site(kernel, [x, w, b], full, (1, 2)))
+    assert call.__name__ == "trimmed_at"
+    p = attrs["pads"]
+    want = torch.nn.functional.conv2d(
+        torch.nn.functional.pad(torch.from_numpy(x), (p[1], p[3], p[0], p[2])),
+        torch.from_numpy(w.copy()), torch.from_numpy(b.copy()), stride=attrs.get("strides", 1),
+        dilation=attrs.get("dilations", 1), groups=attrs.get("group", 1))
+    want = (torch.relu(want) if activation else want).numpy()
+    np.testing.assert_allclose(call(x, w, b), want, rtol=1e-5, atol=1e-5)
+    other = w.copy()  # the same values in another array: the full convolution
+    np.testing.assert_allclose(call(x, other, b), want, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_that_are_not_finite_or_can_change_keep_every_tap():
+    """A zero of the padding times an infinite weight is NaN, which the full convolution
+    keeps; weights that can change in place are read per call. Neither is trimmed."""
+    xshape, wshape, attrs = DEAD_TAPS[0][:3]
+    x = _x(*xshape).astype(np.float32)
+    w = _x(*wshape).astype(np.float32)
+    w[0, 0, 0, 0] = np.inf  # a corner tap, which reads only padding
+    call = specialize(conv.conv, _site(conv.conv, [x, _file_constant(w)], attrs, (1,)))
+    assert call.__name__ != "trimmed_at"
+    got = call(x, _file_constant(w))  # (the site's constant is another array: generic too)
+    assert np.isnan(got[:, 0]).all() and np.isfinite(got[:, 1:]).all()
+    writable = _x(*wshape).astype(np.float32)
+    call = specialize(conv.conv, _site(conv.conv, [x, writable], attrs, (1,)))
+    assert call.__name__ != "trimmed_at"
