@@ -64,6 +64,11 @@ CASES = [
     ("SkipLayerNormalization", [(3, 7, 33), (1, 7, 33), (33,), (33,)], dict(epsilon=1e-3)),
     ("SkipLayerNormalization", [(2, 5, 17), (5, 17), (17,), None, (17,)], {}),
     ("SkipLayerNormalization", [(6, 9), (9,), (9,)], {}),
+    # a global average written as mean (MNASNet's head), the last axis, every axis
+    ("ReduceMean", [(2, 5, 4, 3), ("const", [2, 3])], dict(keepdims=0)),
+    ("ReduceMean", [(2, 5, 4, 3), ("const", [-2, -1])], {}),
+    ("ReduceMean", [(3, 7, 33), ("const", [2])], {}),
+    ("ReduceMean", [(4, 6), None], dict(keepdims=0)),
     ("LRN", [(2, 9, 5, 4)], dict(size=5, alpha=1e-2, beta=0.75, bias=2.0)),
     ("LRN", [(1, 4, 3, 3)], dict(size=2)),
     ("Erf", [(7, 131)], {}),
@@ -155,6 +160,7 @@ CASES = [
     ("LRN", [(0, 4, 3, 3)], dict(size=3)),
     ("LayerNormalization", [(0, 6), (6,), (6,)], {}),
     ("SkipLayerNormalization", [(0, 6), (0, 6), (6,), (6,)], {}),
+    ("ReduceMean", [(0, 4, 3), ("const", [1, 2])], {}),
     ("Gelu", [(0, 5)], {}),
     ("ReluGrad", [(0, 5), (0, 5)], {}),
     ("GlobalAveragePool", [(0, 3, 4, 4)], {}),
@@ -460,3 +466,27 @@ def test_skip_layer_norm_with_a_residual_broadcast_inside_rows_takes_the_referen
     for got, want in zip(kernel(x, skip, scale), OPS["SkipLayerNormalization"].kernel(x, skip,
                                                                                       scale)):
         np.testing.assert_allclose(got, want, **TOL[np.float32])
+
+
+@pytest.mark.parametrize("axes, kwargs", [([1], {}), ([0, 2], {}), ([1, 1], {}), ([], {}),
+                                          ([], dict(noop_with_empty_axes=1)), ([3], {})])
+def test_reduce_mean_over_other_axes_takes_the_reference(axes, kwargs):
+    """Only a block of trailing axes is one row per output; inner or scattered axes, repeated
+    or out-of-range ones and an empty list with noop_with_empty_axes go to the reference
+    kernel (which computes them, or names what is wrong, as without the plugin)."""
+    kernel, supports = (registry.resolve(x) for x in plugin.KERNELS["ReduceMean"])
+    x = np.random.default_rng(6).standard_normal((2, 5, 4)).astype(np.float32)
+    a = np.array(axes, np.int64)
+    if axes == [] and not kwargs:  # every axis: a trailing block, the kernel's
+        assert supports(x, a, **kwargs)
+        np.testing.assert_allclose(kernel(x, a, **kwargs), OPS["ReduceMean"].kernel(x, a),
+                                   **TOL[np.float32])
+        return
+    assert not supports(x, a, **kwargs)
+    try:
+        want = OPS["ReduceMean"].kernel(x, a, **kwargs)
+    except Exception as exc:  # the reference's own error, raised by the kernel too
+        with pytest.raises(type(exc)):
+            kernel(x, a, **kwargs)
+        return
+    np.testing.assert_allclose(kernel(x, a, **kwargs), want, **TOL[np.float32])

@@ -731,7 +731,12 @@ def _identity_value(value):
 
 
 def _fake(spec: TensorSpec) -> np.ndarray:
-    """A zero-strided array with the spec's shape and dtype, for ``supports`` checks."""
+    """A zero-strided array with the spec's shape and dtype, for ``supports`` checks; a small
+    constant whose value the plan knows (a Reduce's axes) is that value, read-only."""
+    if spec.value is not None and all(type(v) is int for v in spec.value):
+        known = np.array(spec.value, spec.dtype.numpy).reshape(spec.shape)
+        known.flags.writeable = False
+        return known
     # broadcast_to, not as_strided: the array interface cannot name ml_dtypes' float8 types
     return np.broadcast_to(np.zeros((), spec.dtype.numpy), spec.shape)
 

@@ -32,6 +32,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "MaxPoolGrad": (f"{_K}.pool:max_pool_grad", f"{_K}.support:pool_grad"),
     "AveragePoolGrad": (f"{_K}.pool:average_pool_grad", f"{_K}.support:pool_grad"),
     "GlobalAveragePool": (f"{_K}.pool:global_average_pool", f"{_K}.support:global_pool"),
+    "ReduceMean": (f"{_K}.reduction:reduce_mean", f"{_K}.support:reduce_mean"),
     "Softmax": (f"{_K}.softmax:softmax", f"{_K}.support:softmax"),
     "LogSoftmax": (f"{_K}.softmax:log_softmax", f"{_K}.support:softmax"),
     "FusedElementwise": (f"{_K}.fused:fused_elementwise", f"{_K}.support:same_float"),

@@ -1,6 +1,7 @@
 """``supports`` checks of the numba kernels: cheap, numba-free, and true only for calls the
 kernel computes exactly like the reference kernel. Planning calls them with zero-strided
-stand-ins of the planned shapes, so they look at dtypes, ranks and attributes only."""
+stand-ins of the planned shapes, so they look at dtypes, ranks and attributes only, and at the
+values of small integer constants the plan knows (a ReduceMean's axes)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,31 @@ def skip_norm(X, Skip, Scale, B=None, Bias=None, *, epsilon=1e-5):
     while len(skip) > 1 and skip[0] == 1:
         skip = skip[1:]
     return len(skip) <= X.ndim and skip == X.shape[X.ndim - len(skip):]
+
+
+def trailing_axes(data, axes=None, noop_with_empty_axes=0):
+    """The first reduced axis when ``axes`` (ReduceMean's input, or None for every axis) are a
+    non-empty block of trailing axes with elements in them, else None."""
+    if data.ndim == 0:
+        return None
+    if axes is None or np.size(axes) == 0:
+        if noop_with_empty_axes:
+            return None
+        wanted = set(range(data.ndim))
+    else:
+        flat = np.asarray(axes).reshape(-1)
+        if flat.dtype.kind not in "iu" or any(not -data.ndim <= int(a) < data.ndim for a in flat):
+            return None
+        wanted = {int(a) % data.ndim for a in flat}
+        if len(wanted) != flat.size:
+            return None  # repeated axes: the reference kernel names the problem
+    first = min(wanted)
+    if wanted != set(range(first, data.ndim)) or 0 in data.shape[first:]:
+        return None
+    return first
+
+
+def reduce_mean(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
+    """ReduceMean of float32/float64 over a block of trailing axes, none of them empty (a
+    global average written as ``mean``); others go to the reference."""
+    return data.dtype in _FLOATS and trailing_axes(data, axes, noop_with_empty_axes) is not None
