@@ -40,6 +40,10 @@ CASES = [
                                                             pads=(1, 1, 1, 1))),
     ("FusedConv", [(2, 8, 6, 6), (12, 8, 1, 1), (12,)], dict(activation="Relu6")),
     ("FusedConv", [(1, 3, 5, 5), (2, 3, 3, 3), (2,)], dict(activation="Relu6")),
+    ("FusedConv", [(3, 16, 6, 6), (8, 16, 3, 3), (8,)], dict(activation="Relu6",
+                                                            pads=(1, 1, 1, 1))),  # one GEMM
+    ("FusedConv", [(2, 8, 20, 20), (8, 8, 3, 3), (8,)], dict(activation="Relu6",
+                                                              pads=(1, 1, 1, 1))),  # per image
     ("FusedConv", [(1, 6, 9, 9), (6, 1, 3, 3), (6,)], dict(activation="Relu", group=6,
                                                             strides=(2, 2))),
     # depthwise with the bias and activation applied as the rows are stored (stride 1 and not,

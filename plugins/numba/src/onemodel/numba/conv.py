@@ -255,6 +255,9 @@ def _store_band(res, bias, has_bias, act, y, at, length):
         elif act == 4:
             for k in range(width):
                 y[U(dst + k)] = _hard_swish(rf[U(src + k)] + b, zero)
+        elif act == 5:
+            for k in range(width):
+                y[U(dst + k)] = _relu6(rf[U(src + k)] + b, zero)
         else:
             for k in range(width):
                 y[U(dst + k)] = _activate(rf[U(src + k)] + b, act, zero)
@@ -320,9 +323,7 @@ def _activate(v, act, zero):
     if act == 1:
         return zero if v < zero else v
     if act == 5:
-        six = zero + np.float32(6)
-        v = zero if v < zero else v
-        return six if v > six else v
+        return _relu6(v, zero)
     if act == 2:
         one = zero + 1
         if v >= zero:
@@ -334,6 +335,14 @@ def _activate(v, act, zero):
     if act == 4:
         return _hard_swish(v, zero)
     return v
+
+
+@jit()
+def _relu6(v, zero):
+    """Clip(v, 0, 6) as selects in v's dtype (a loop of it vectorizes); NaN passes."""
+    six = zero + np.float32(6)
+    v = zero if v < zero else v
+    return six if v > six else v
 
 
 @jit()
@@ -385,6 +394,9 @@ def _store_activated(src, s0, dst, d0, count, act, zero):
     elif act == 4:
         for k in range(count):
             dst[U(d0 + k)] = _hard_swish(src[U(s0 + k)], zero)
+    elif act == 5:
+        for k in range(count):
+            dst[U(d0 + k)] = _relu6(src[U(s0 + k)], zero)
     else:
         for k in range(count):
             dst[U(d0 + k)] = _activate(src[U(s0 + k)], act, zero)
@@ -402,6 +414,9 @@ def _activate_in_place(a, a0, count, act, zero):
     elif act == 4:
         for k in range(count):
             a[U(a0 + k)] = _hard_swish(a[U(a0 + k)], zero)
+    elif act == 5:
+        for k in range(count):
+            a[U(a0 + k)] = _relu6(a[U(a0 + k)], zero)
     elif act != 0:
         for k in range(count):
             a[U(a0 + k)] = _activate(a[U(a0 + k)], act, zero)
@@ -658,6 +673,9 @@ def _epilogue(y, bias, has_bias, act):
         elif act == 4:
             for k in range(length):
                 yf[U(base + k)] = _hard_swish(yf[U(base + k)] + b, zero)
+        elif act == 5:
+            for k in range(length):
+                yf[U(base + k)] = _relu6(yf[U(base + k)] + b, zero)
         else:
             for k in range(length):
                 yf[U(base + k)] = _activate(yf[U(base + k)] + b, act, zero)
@@ -686,6 +704,10 @@ def _bias_act(y, bias, has_bias, act):
             for j in range(n):
                 v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)
                 yf[U(base + j)] = _hard_swish(v, zero)
+        elif act == 5:
+            for j in range(n):
+                v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)
+                yf[U(base + j)] = _relu6(v, zero)
         else:
             for j in range(n):
                 v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)
@@ -729,6 +751,9 @@ def _scatter(res, bias, has_bias, act, y):
         elif act == 4:
             for k in range(length):
                 yf[U(dst + k)] = _hard_swish(rf[U(src + k)] + b, zero)
+        elif act == 5:
+            for k in range(length):
+                yf[U(dst + k)] = _relu6(rf[U(src + k)] + b, zero)
         else:
             for k in range(length):
                 yf[U(dst + k)] = _activate(rf[U(src + k)] + b, act, zero)
