@@ -20,7 +20,9 @@ from onemodel.tensors.ops.specialize import CallSite, specializer
 from . import _jit
 from ._jit import jit, sync_threads
 from ._vecmath import (
+    _BIAS,
     _EXP_LOW,
+    _FIELD,
     _HALF,
     _LN2_HI,
     _LN2_LO,
@@ -134,7 +136,7 @@ def _softmax_row_f32(row, dst, log, pw, pw_bits):
         f = v - n * _LN2_HI - n * _LN2_LO
         p = (((((_P0 * f + _P1) * f + _P2) * f + _P3) * f + _P4) * f + _P5) * f * f + f + _ONE
         dst[q] = _ZERO if low else p
-        pw_bits[q] = (np.int32(n) + 127) << 23
+        pw_bits[q] = np.int32((n + _BIAS) * _FIELD)  # exact in float32 (see exp32)
     total = _scale_sum(dst, pw)
     if log:
         logs = F(math.log(total))
@@ -189,7 +191,7 @@ def _softmax_short_f32(x, out, log):
             f = v - e * _LN2_HI - e * _LN2_LO
             p = (((((_P0 * f + _P1) * f + _P2) * f + _P3) * f + _P4) * f + _P5) * f * f + f + _ONE
             of[U(k)] = _ZERO if low else p
-            pw_bits[U(k)] = (np.int32(e) + 127) << 23
+            pw_bits[U(k)] = np.int32((e + _BIAS) * _FIELD)
         for k in range(n):
             of[U(k)] *= pw[U(k)]
         for r in range(nr):
