@@ -55,7 +55,7 @@ if [ -n "$OFFLINE" ]; then
         echo "installing the repository's packages offline failed (see above)" >&2
         exit 1
     fi
-    ORT=yes
+    ORT=yes  # the benchmark drops onnxruntime's columns by itself when it is not installed
 else
     step "virtual environment $VENV"
     if [ ! -x "$VENV/bin/python" ]; then

@@ -156,6 +156,28 @@ def test_relu6_written_as_clip_fuses_into_the_conv_equal_to_torch():
         assert not ActivationFusion().run(optimized)
 
 
+@pytest.mark.parametrize("bounds", [(np.nan, 6.0), (0.0, np.nan)])
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_clip_to_a_nan_bound_is_not_fused(bounds, chained):
+    """A fused program writes an omitted Clip bound as nan, so a Clip whose constant bound IS
+    NaN (np.maximum with NaN: every element NaN) must stay a Clip, alone or in a chain."""
+    from onemodel.runtime.passes.fusion import ElementwiseFusion
+
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, (4, 8))
+    y = b.op("Clip", b.op("Tanh", x) if chained else x, b.const(np.float32(bounds[0])),
+             b.const(np.float32(bounds[1])))
+    b.output(y, "out")
+    graph = b.build()
+    optimized = graph.copy()
+    ElementwiseFusion().run(optimized)
+    assert "Clip" in {n.op for n in optimized.nodes}
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}
+    got = Session(graph).run(feeds)["out"].numpy()
+    assert np.isnan(got).all()  # as the Clip op's reference kernel computes it
+    np.testing.assert_array_equal(got, Session(graph, optimize=False).run(feeds)["out"].numpy())
+
+
 def test_full_pipeline_on_every_model():
     from onemodel.runtime.session import default_passes
 

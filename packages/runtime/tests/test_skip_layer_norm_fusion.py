@@ -143,8 +143,8 @@ def test_every_site_of_a_deep_stack_fuses_in_one_call():
 
 def test_the_fused_node_under_default_passes_plans_buffers_and_matches():
     """With the default passes (the numba plugin registers the fusion and its kernel) a
-    pre-norm block fuses, its other steps keep planned buffers, and repeated runs at two
-    sizes give the unfused graph's result."""
+    pre-norm block fuses, its other steps keep planned buffers, and repeated runs on new data
+    give the unfused graph's result."""
     graph = _block(reuse_sum=True)
     session = Session(graph)
     if "skip-layer-norm-fusion" not in session.optimizations:

@@ -131,6 +131,8 @@ class ElementwiseFusion(Pass):
             if (not given and name not in opdef.optional) or (
                     given and (value is None or np.size(value) != 1)):
                 return False
+            if given and np.asarray(value).dtype.kind == "f" and np.isnan(value).any():
+                return False  # a program writes an omitted bound as nan: a NaN one is not that
         for attr, default in opdef.attrs.items():
             value = n.attrs.get(attr, default)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
