@@ -40,6 +40,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 PACKAGES=(-e "$ROOT/packages/tensors" -e "$ROOT/packages/training" -e "$ROOT/packages/runtime"
           -e "$ROOT/packages/tracing" -e "$ROOT/plugins/native" -e "$ROOT/plugins/onnx"
           -e "$ROOT/plugins/numba")
+# pip into $VPY (set below) within the step's cap
+pip_install() { local t=$1; shift; timeout "$(cap "$t")" "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
 OFFLINE="${GPU_CHECK_OFFLINE:-}"
 [ -n "$OFFLINE" ] && OFFLINE="$(cd "$OFFLINE" && pwd)"  # pip builds in another folder
 if [ -n "$OFFLINE" ]; then
@@ -49,7 +51,6 @@ if [ -n "$OFFLINE" ]; then
         echo "offline mode needs CuPy, numba, onnx and pytest already in $PY" >&2
         exit 1
     fi
-    pip_install() { local t=$1; shift; timeout "$(cap "$t")" "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
     if ! pip_install 300 --no-index --no-deps --find-links "$OFFLINE" \
             "${PACKAGES[@]}" -e "$ROOT/plugins/cupy"; then
         echo "installing the repository's packages offline failed (see above)" >&2
@@ -62,7 +63,6 @@ else
         "$PY" -m venv "$VENV" || { echo "cannot create $VENV" >&2; exit 1; }
     fi
     VPY="$VENV/bin/python"
-    pip_install() { local t=$1; shift; timeout "$(cap "$t")" "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
     pip_install 60 --upgrade pip >/dev/null 2>&1 || true
     # the repository's packages (editable), the cupy plugin with its CUDA 12 CuPy, the ONNX plugin
     # and onnx (model zoo), numba (its elementwise-fusion pass makes the FusedElementwise nodes

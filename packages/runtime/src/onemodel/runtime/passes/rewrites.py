@@ -172,7 +172,7 @@ def _activation(graph: Graph, act: Node | None, value: str) -> str | None:
     if act.op == "Clip":
         bounds = [_scalar(graph, i) if i else None for i in act.inputs[1:3]]
         return "Relu6" if act.inputs[0] == value and bounds == [0.0, 6.0] else None
-    return act.op if act.op in ACTIVATIONS and act.op != "Relu6" else None
+    return act.op if act.op in ACTIVATIONS else None  # no op is named Relu6
 
 
 class GemmWeightLayout(Pass):
