@@ -377,3 +377,38 @@ def test_gradients_of_each_path_match_the_reference(case):
                    ("ConvWeightGrad", conv.conv_weight_grad)):
         np.testing.assert_allclose(fn(x, w, dy, **attrs), OPS[op].kernel(x, w, dy, **attrs),
                                    **TOL[np.float64])
+
+
+def _phases_by_definition(xf, xb, h, w, sh, sw, ph, pw, hq, wq, buf):
+    """Input (iy, ix) is padded (iy + ph, ix + pw): phase (row % sh, column % sw), position
+    (row // sh, column // sw) in it, dropped past the phase's end."""
+    for iy in range(h):
+        for ix in range(w):
+            row, col = iy + ph, ix + pw
+            if row // sh < hq and col // sw < wq:
+                at = ((row % sh) * sw + col % sw) * hq * wq + (row // sh) * wq + col // sw
+                buf[at] = xf[xb + iy * w + ix]
+
+
+@pytest.mark.parametrize("sw", [1, 2, 3])
+def test_phases_are_the_padded_plane_split_by_the_stride(sw):
+    """conv._into_phases (the strided depthwise kernels' and _im2col_phased's plane copy; at a
+    column stride of 2 it has a vectorized loop of its own) against its definition: odd and
+    even sizes, begin pads past a stride, phases shorter than the plane (dropped rows and
+    columns) and longer (their zeros kept)."""
+    rng = np.random.default_rng(sw)
+    cases = 0
+    for h, w in [(1, 1), (1, 6), (5, 1), (4, 7), (7, 4), (6, 6), (9, 13), (32, 31)]:
+        for sh in (1, 2, 3):
+            for ph, pw in [(0, 0), (1, 1), (2, 3), (3, 2), (0, 4)]:
+                for dq in (-1, 0, 2):
+                    hq = max(1, (h + ph + sh - 1) // sh + dq)
+                    wq = max(1, (w + pw + sw - 1) // sw + dq)
+                    xf = rng.standard_normal(h * w + 3).astype(np.float32)
+                    got = np.zeros(sh * sw * hq * wq, np.float32)
+                    want = got.copy()
+                    conv._into_phases(xf, 3, h, w, sh, sw, ph, pw, hq, wq, got)
+                    _phases_by_definition(xf, 3, h, w, sh, sw, ph, pw, hq, wq, want)
+                    np.testing.assert_array_equal(got, want)
+                    cases += 1
+    assert cases == 8 * 3 * 5 * 3
