@@ -529,6 +529,48 @@ def test_a_planned_depthwise_convolution_calls_its_kernel_directly(xshape, k, at
         _same(call(x, w, b), site.generic(x, w, b))
 
 
+@pytest.mark.parametrize("activation,bias", [("Relu", True), ("HardSwish", True), (None, False)])
+def test_a_planned_1x1_convolution_multiplies_image_by_image_directly(activation, bias):
+    """A 1x1 convolution over planes (two images, 96 -> 48 channels over 9x9) with constant
+    weights plans a call of one np.dot per image and one bias-and-activation pass: the
+    generic call's result, bit for bit, whichever out it is given run after run (the views it
+    keeps follow the array), for strided inputs and outs, and for other weights or biases."""
+    x = _x(2, 96, 9, 9).astype(np.float32)
+    w = _x(48, 96, 1, 1).astype(np.float32)
+    b = _x(48).astype(np.float32)
+    assert conv._plan(x.shape, w.shape, 4, None, None, None, None, "NOTSET", 1)[0] == \
+        conv._DIRECT
+    kernel, attrs = (conv.fused_conv, dict(activation=activation)) if activation else \
+        (conv.conv, {})
+    inputs, consts = ([x, w, b], (1, 2)) if bias else ([x, w], (1,))
+    site = _site(kernel, inputs, attrs, consts)
+    call = specialize(kernel, site)
+    assert call.__qualname__.startswith("_direct_site")
+    args = inputs[1:]
+    want = site.generic(x, *args)
+    if activation == "Relu":
+        np.testing.assert_allclose(want, np.maximum(
+            np.einsum("mc,nchw->nmhw", w[:, :, 0, 0], x) + b[:, None, None], 0), rtol=1e-4,
+            atol=1e-4)
+    _same(call(x, *args), want)
+    _same(call(_strided(x), *args), want)
+    outs = [np.full(want.shape, np.nan, np.float32) for _ in range(2)]
+    for out in outs + outs:  # a plan's buffers, alternating
+        x2 = _x(*x.shape).astype(np.float32)
+        assert call(x2, *args, out=out) is out
+        _same(out, site.generic(x2, *args))
+    strided_out = _strided(np.full(want.shape, np.nan, np.float32))
+    assert call(x, *args, out=strided_out) is strided_out
+    _same(strided_out, want)
+    w2 = w * 0.5
+    _same(call(x, w2, *args[1:]), site.generic(x, w2, *args[1:]))
+    if bias:
+        b2 = b + 1.0
+        _same(call(x, w, b2), site.generic(x, w, b2))
+    w *= -2.0  # an update in place of the planned constant
+    _same(call(x, *args), site.generic(x, *args))
+
+
 def test_conv_fills_a_strided_out_and_refuses_one_of_another_shape():
     """The convolution kernels write C-contiguous results: a strided out= is filled through a
     copy, and an out= of another shape is a ShapeError, never written past its end."""
