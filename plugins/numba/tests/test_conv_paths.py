@@ -32,16 +32,27 @@ CASES = [
     # dilated 5x5 over a 4x4 plane (LR-ASPP): most taps fall in the padding
     (conv._DW_TABLE, (2, 6, 4, 4), (6, 1, 5, 5), dict(group=6, pads=(4, 4, 4, 3),
                                                       dilations=(2, 2))),
-    (conv._DW_TAPS, (2, 4, 9, 8), (4, 1, 3, 3), dict(group=4, pads=(1, 1, 1, 1))),
+    (conv._DW_TAPS, (2, 4, 9, 8), (4, 1, 3, 3), dict(group=4, pads=(1, 1, 0, 0))),
     # a channel multiplier, strides, dilations and uneven pads: every phase of the plane
     (conv._DW_TAPS, (2, 3, 27, 29), (6, 1, 3, 5), dict(group=3, strides=(2, 3),
                                                        pads=(2, 1, 1, 3), dilations=(2, 1))),
-    (conv._DW_TAPS, (1, 16, 16, 16), (16, 1, 3, 3), dict(group=16, pads=(1, 1, 1, 1))),
+    (conv._DW_TAPS, (1, 16, 16, 16), (16, 1, 3, 3), dict(group=16, pads=(1, 1, 1, 1),
+                                                         dilations=(1, 2))),
     # 7x7 (ConvNeXt) and 5x5 windows: their taps summed in several passes
-    (conv._DW_TAPS, (2, 8, 8, 8), (8, 1, 7, 7), dict(group=8, pads=(3, 3, 3, 3))),
+    (conv._DW_TAPS, (2, 8, 8, 8), (8, 1, 7, 7), dict(group=8, pads=(3, 3, 3, 2))),
     (conv._DW_TAPS, (1, 5, 19, 17), (5, 1, 7, 7), dict(group=5, strides=(2, 2),
                                                        pads=(3, 2, 3, 1))),
-    (conv._DW_TAPS, (1, 4, 12, 12), (8, 1, 5, 5), dict(group=4, pads=(2, 2, 2, 2))),
+    (conv._DW_TAPS, (1, 4, 12, 12), (8, 1, 5, 5), dict(group=4, pads=(2, 2, 1, 1))),
+    # stride 1, the output the input's size, 8x8 or larger: the whole-plane kernel, for odd
+    # and even sizes, every begin pad a window allows, a channel multiplier, 7x7 windows (two
+    # passes over the taps), even and one-row windows
+    (conv._DW_FLAT, (2, 4, 9, 8), (4, 1, 3, 3), dict(group=4, pads=(1, 1, 1, 1))),
+    (conv._DW_FLAT, (1, 16, 16, 16), (16, 1, 3, 3), dict(group=16, pads=(0, 2, 2, 0))),
+    (conv._DW_FLAT, (2, 8, 8, 8), (8, 1, 7, 7), dict(group=8, pads=(3, 3, 3, 3))),
+    (conv._DW_FLAT, (1, 4, 12, 12), (8, 1, 5, 5), dict(group=4, pads=(2, 2, 2, 2))),
+    (conv._DW_FLAT, (2, 3, 11, 13), (6, 1, 5, 5), dict(group=3, pads=(4, 0, 0, 4))),
+    (conv._DW_FLAT, (1, 6, 10, 7), (6, 1, 2, 2), dict(group=6, pads=(0, 1, 1, 0))),
+    (conv._DW_FLAT, (2, 5, 8, 9), (5, 1, 1, 3), dict(group=5, auto_pad="SAME_LOWER")),
     (conv._DW_TAPS, (1, 16, 33, 32), (16, 1, 3, 3), dict(group=16, strides=(2, 2),
                                                          pads=(0, 1, 1, 0))),
     # more taps than the written-out kernel takes: the per-tap padded-plane kernel
@@ -412,3 +423,34 @@ def test_phases_are_the_padded_plane_split_by_the_stride(sw):
                     np.testing.assert_array_equal(got, want)
                     cases += 1
     assert cases == 8 * 3 * 5 * 3
+
+
+def test_the_whole_plane_kernel_gives_the_padded_plane_kernels_values():
+    """depthwise.flat_kernel (stride 1, the output the input's size) against the written-out
+    padded-plane kernel on the same arguments: the same values everywhere (NaN where it has
+    NaN), for windows of 1 to 49 taps, every begin pad, planes from 1x1 up, a channel
+    multiplier, NaN and infinities in the input and an infinite weight (whose product with the
+    padding is NaN in both)."""
+    from onemodel.numba import depthwise
+
+    rng = np.random.default_rng(11)
+    cases = 0
+    for kh, kw in [(3, 3), (5, 5), (7, 7), (1, 3), (2, 2), (3, 5)]:
+        for ph in range(kh):
+            for pw in range(kw):
+                for h, w in [(1, 1), (2, 3), (5, 7), (8, 8)]:
+                    x = rng.standard_normal((2, 3, h, w)).astype(np.float32)
+                    x[0, 0, 0, 0] = np.nan
+                    x[1, 2, h - 1, w - 1] = np.inf
+                    wt = rng.standard_normal((6, 1, kh, kw)).astype(np.float32)
+                    wt[1, 0, 0, 0] = np.inf
+                    b = rng.standard_normal(6).astype(np.float32)
+                    want = np.empty((2, 6, h, w), np.float32)
+                    got = np.empty_like(want)
+                    depthwise.kernel(kh, kw).serial(x, wt, 2, 1, 1, ph, pw, 1, 1, b, True, 5,
+                                                    want)
+                    depthwise.flat_kernel(kh, kw, pw).serial(
+                        x, wt, 2, ph, depthwise.column_flags(h, w, kw, pw), b, True, 5, got)
+                    np.testing.assert_array_equal(got, want)
+                    cases += 1
+    assert cases == 4 * (9 + 25 + 49 + 3 + 4 + 15)

@@ -488,7 +488,8 @@ def test_rms_normalization_fills_a_non_contiguous_out(planned):
 
 
 @pytest.mark.parametrize("xshape,k,attrs,path", [
-    ((2, 8, 8, 8), 3, dict(pads=(1, 1, 1, 1)), conv._DW_TAPS),
+    ((2, 8, 8, 8), 3, dict(pads=(1, 1, 0, 0)), conv._DW_TAPS),
+    ((2, 8, 8, 8), 3, dict(pads=(1, 1, 1, 1)), conv._DW_FLAT),
     ((2, 4, 3, 3), 5, dict(pads=(2, 2, 2, 2), strides=(2, 2)), conv._DW_TABLE),
     ((2, 16, 6, 6), 3, dict(pads=(1, 1, 1, 1)), conv._DW_NHWC),
     ((1, 4, 12, 12), 9, dict(pads=(4, 4, 4, 4)), conv._DW),

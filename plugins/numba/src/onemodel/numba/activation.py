@@ -11,6 +11,7 @@ import numpy as np
 from numba import prange
 
 from ._jit import jit, sync_threads
+
 # the kernels below compile _vecmath's erf32 and erfc32_pos into their own machine code, and
 # numba's on-disk cache revalidates that code by this file's time stamp only: when those
 # functions change (fma polynomial steps came in the fourteenth round), this file must change

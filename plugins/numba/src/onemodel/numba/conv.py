@@ -48,6 +48,13 @@ _TABLE_MAX_STRIDED = 64
 _TAPS_OVER_NHWC = 9
 _TAPS_MIN_LENGTH = 64
 _TAPS_MIN_LENGTH_STRIDED = 256
+# stride-1 depthwise convolutions whose output has the input's size, over planes of at least
+# this many pixels, take the whole-plane kernel (depthwise.flat_kernel): against the written-out
+# padded-plane kernel 0.52x on 2x48x16x16 and 2x48x8x8 (3x3), 0.65x on 2x32x32x32, 0.78x on
+# 2x96x56x56, 0.93x on 1x32x112x112, 0.69x for 7x7 on 2x96x14x14; against the channels-last one
+# 0.57-0.71x on 8x8 planes (5x5 over 120 and 240 channels); on 4x4 and smaller planes with many
+# channels the channels-last kernel stays ahead (1.3-5.5x), so they keep it (one thread, Relu6)
+_FLAT_MIN_LENGTH = 64
 # GEMM over the whole batch at once (the weights read once, the result scattered to NCHW) when
 # each image's GEMM is skinny, or the weights are too big to stay in a core's cache between
 # images; else one GEMM per image, writing the output in place
@@ -1219,7 +1226,8 @@ def _depthwise_weight_grad(x, dy, mult, sh, sw, ph, pw, dh, dw, dwt):
             dwf[U(m * kk + k)] = acc[U(k)]
 
 
-_DW_NHWC, _DW_TABLE, _DW_TAPS, _DW, _DIRECT, _BY_IMAGE, _ONE_GEMM, _SMALL, _SKINNY = range(9)
+_DW_NHWC, _DW_TABLE, _DW_TAPS, _DW_FLAT, _DW, _DIRECT, _BY_IMAGE, _ONE_GEMM, _SMALL, _SKINNY = \
+    range(10)
 
 
 def _table_wins(in_sp, k, s, pb, d, out_sp):
@@ -1306,7 +1314,10 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
     direct = k == (1, 1) and s == (1, 1) and pb == (0, 0) and (oh, ow) == (h, w)
     if group > 1 and c == group:
         taps = k[0] * k[1]
-        if m == c and c >= _NHWC_MIN_CHANNELS and (
+        if s == (1, 1) and d == (1, 1) and (oh, ow) == (h, w) and length >= _FLAT_MIN_LENGTH \
+                and taps <= depthwise.MAX_TAPS:
+            path = _DW_FLAT
+        elif m == c and c >= _NHWC_MIN_CHANNELS and (
                 length <= _NHWC_MAX_LENGTH or (s != (1, 1) and length <= _NHWC_MAX_LENGTH_STRIDED)
         ) and not (taps <= _TAPS_OVER_NHWC and
                    length >= (_TAPS_MIN_LENGTH if s == (1, 1) else _TAPS_MIN_LENGTH_STRIDED)):
@@ -1426,6 +1437,11 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
             prepared = _channels_last_weights(W)
         pick(_depthwise_nhwc)(X, prepared, k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
                               d[1], bias, has_bias, act, y)
+        return y
+    if path == _DW_FLAT:
+        pick(depthwise.flat_kernel(k[0], k[1], pb[1]))(
+            X, W, m // group, pb[0], depthwise.column_flags(oh, ow, k[1], pb[1]), bias,
+            has_bias, act, y)
         return y
     if path <= _DW:
         kernel = _depthwise_table if path == _DW_TABLE else (
@@ -1802,6 +1818,11 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
         kernel = _depthwise_nhwc
         args = (w_prepared, k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], b_ready,
                 has_bias, act)
+    elif path == _DW_FLAT:
+        kernel = depthwise.flat_kernel(k[0], k[1], pb[1])
+        args = (w_ready, yshape[1] // group, pb[0],
+                depthwise.column_flags(yshape[2], yshape[3], k[1], pb[1]), b_ready, has_bias,
+                act)
     else:
         kernel = _depthwise_table if path == _DW_TABLE else (
             depthwise.kernel(k[0], k[1]) if path == _DW_TAPS else _depthwise)
