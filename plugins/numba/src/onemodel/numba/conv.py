@@ -1707,18 +1707,20 @@ def _direct_site(xshape, yshape, dtype, w_const, w_ready, b_const, b_ready, has_
                  conv_at):
     """The planned call of a 1x1 convolution with constant weights on a few images: one
     np.dot per image, (M, C) weights by the image's (C, H*W) plane, then the bias and
-    activation in one pass. The per-image 2-D views of the input and of ``out`` are made
-    once for the arrays a plan hands in run after run (its buffers), and the checks of
-    ``conv_at`` and :func:`_run` are made at plan time. Through them a call spent about 2 us
-    more than its products and epilogue (2x16x16x16 -> 96: 22.5 against 20.5 us); paired in
-    whole models, MNASNet 0.970x, MobileNetV3-small 0.984x, SqueezeNet 0.990x. Anything else
-    (other weights or bias, a strided input or ``out``) goes to ``conv_at``."""
+    activation in one pass. The per-image 2-D views of ``out`` are made once for the buffer a
+    plan hands in run after run (not those of the input, which may be a caller's array: a
+    kept view would keep it alive), and the checks of ``conv_at`` and :func:`_run` are made
+    at plan time. Through them a call spent about 2 us more than its products and epilogue
+    (2x16x16x16 -> 96: 22.5 against 20.5 us); paired in whole models, MNASNet 0.966-0.970x,
+    MobileNetV3-small 0.984-0.995x. Anything else (other weights or bias, a strided input or
+    ``out``) goes to ``conv_at``."""
     n, c = xshape[:2]
     m, length = yshape[1], yshape[2] * yshape[3]
     w2 = w_ready.reshape(m, c)
     finish = has_bias or act
-    last_x = [(None, ())]  # (an input, its views): one tuple, read and written whole, so
-    last_y = [(None, (None, ()))]  # threads running the plan at once each see a matching pair
+    # (an out, its views): one tuple, read and written whole, so threads running the plan at
+    # once each see a matching pair
+    last_y = [(None, (None, ()))]
 
     def direct_at(X, W, B=None, out=None):
         if W is not w_const or (B is not b_const if has_bias else B is not None) or \
@@ -1727,10 +1729,7 @@ def _direct_site(xshape, yshape, dtype, w_const, w_ready, b_const, b_ready, has_
                                          not out.flags.c_contiguous)):
             return conv_at(X, W, B, out=out)
         sync_threads()
-        given, xs = last_x[0]
-        if given is not X:
-            xs = tuple(X[i].reshape(c, length) for i in range(n))
-            last_x[0] = (X, xs)
+        x3 = X.reshape(n, c, length)
         if out is None:
             y = np.empty(yshape, dtype)
             y3 = y.reshape(n, m, length)
@@ -1743,7 +1742,7 @@ def _direct_site(xshape, yshape, dtype, w_const, w_ready, b_const, b_ready, has_
                 ys = tuple(y3)
                 last_y[0] = (out, (y3, ys))
         for i in range(n):
-            np.dot(w2, xs[i], out=ys[i])
+            np.dot(w2, x3[i], out=ys[i])
         if finish:
             pick(_epilogue)(y3, b_ready, has_bias, act)
         return y
