@@ -454,3 +454,36 @@ def test_the_whole_plane_kernel_gives_the_padded_plane_kernels_values():
                     np.testing.assert_array_equal(got, want)
                     cases += 1
     assert cases == 4 * (9 + 25 + 49 + 3 + 4 + 15)
+
+
+@pytest.mark.parametrize("path,xshape,wshape,attrs", [
+    case for case in CASES if case[0] in (conv._DW_NHWC, conv._DW_TABLE) and case[1][0] > 0])
+def test_a_weight_that_is_not_finite_meets_the_padding_as_in_the_reference(path, xshape,
+                                                                            wshape, attrs):
+    """The channels-last and tap-table kernels visit only the taps inside the image. An
+    infinite or NaN weight times the padding's zero is NaN in the reference (and PyTorch), so
+    weights with one take a kernel that reads the padding: generic calls, planned calls with
+    a file's weights, and planned calls whose weights became infinite in place after
+    planning."""
+    from onemodel.tensors.ops.specialize import CallSite, specialize
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(xshape).astype(np.float32)
+    assert _path(x, np.zeros(wshape, np.float32), attrs) == path
+    for bad in (np.inf, -np.inf, np.nan):
+        w = rng.standard_normal(wshape).astype(np.float32)
+        w[1, 0, 0, 0] = bad
+        want = OPS["Conv"].kernel(x, w, **attrs)
+        assert np.isnan(want).any()
+        np.testing.assert_allclose(conv.conv(x, w, **attrs), want, rtol=2e-5, atol=2e-5)
+        file_w = np.frombuffer(w.tobytes(), np.float32).reshape(w.shape)
+        writable = rng.standard_normal(wshape).astype(np.float32)
+        for weights in (file_w, writable):
+            site = CallSite((x.shape, weights.shape), (x.dtype, weights.dtype),
+                            (None, weights), dict(attrs), (want.shape,),
+                            lambda X, W, B=None, out=None: conv.conv(X, W, B, out=out, **attrs))
+            call = specialize(conv.conv, site)
+            if weights is writable:
+                call(x, weights)  # planned and run with finite weights, then updated in place
+                weights[...] = w
+            np.testing.assert_allclose(call(x, weights), want, rtol=2e-5, atol=2e-5)

@@ -1415,6 +1415,28 @@ def _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides,
     return _run(X, W, bias, has_bias, act, group, plan, out)
 
 
+# the depthwise kernels that visit only the taps inside the image: a weight that is not
+# finite times the padding's zero would be NaN (as in the reference and PyTorch), which they
+# never compute, so weights with one go to a kernel that reads the padding
+_SKIPS_PADDING = frozenset((_DW_NHWC, _DW_TABLE))
+
+
+def _all_finite(w: np.ndarray) -> bool:
+    """Whether every weight is finite: one vectorized pass (np.isfinite(w).all() took 3-7 us
+    on 864-28800 depthwise weights, a planned call's whole budget on small planes)."""
+    return _finite_sum(w.reshape(w.size)) == 0
+
+
+@jit(fastmath={"reassoc"})
+def _finite_sum(wf):
+    """0 when every value is finite, NaN otherwise (v - v is 0 for finite v, NaN for inf and
+    NaN, and a NaN stays NaN in any order of the sum)."""
+    acc = np.zeros(1, wf.dtype)[0]
+    for i in range(wf.shape[0]):
+        acc += wf[U(i)] - wf[U(i)]
+    return acc
+
+
 def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
     """The convolution of C-contiguous NCHW ``X`` and ``W`` with its plan (:func:`_plan`):
     the per-call part, shared by the generic call and the plan-time specialized one
@@ -1432,6 +1454,8 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
     if path == _SMALL:
         _small_conv(X, W, bias, _small_table(X.shape, W.shape, group, act, has_bias, plan), y)
         return y
+    if path in _SKIPS_PADDING and not _all_finite(W):
+        path = _DW_TAPS if k[0] * k[1] <= depthwise.MAX_TAPS else _DW
     if path == _DW_NHWC:  # bias and activation applied in the same pass
         if prepared is None:
             prepared = _channels_last_weights(W)
@@ -1813,6 +1837,10 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
     ``conv_at`` and :func:`_run` the set-up measured 1.3-2.4 us a call around a 2 us kernel
     (2x8x4x4, 3x3), and MobileNetV3-small has eleven of them."""
     path, yshape, s, pb, d, k, _ = plan
+    if path in _SKIPS_PADDING and _immutable(w_ready) and not _all_finite(w_ready):
+        return conv_at  # _run takes a kernel that reads the padding
+    # writable weights on such a path are checked per call: an update may make one infinite
+    checked = path in _SKIPS_PADDING and not _immutable(w_ready)
     if path == _DW_NHWC:
         kernel = _depthwise_nhwc
         args = (w_prepared, k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], b_ready,
@@ -1832,7 +1860,8 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
     def depthwise_at(X, W, B=None, out=None):
         if W is not w_const or (B is not b_const if has_bias else B is not None) or \
                 X.shape != xshape or X.dtype != dtype or (out is not None and (
-                    out.shape != yshape or not out.flags.c_contiguous)):
+                    out.shape != yshape or not out.flags.c_contiguous)) or (
+                    checked and not _all_finite(w_ready)):
             return conv_at(X, W, B, out=out)
         sync_threads()
         if not X.flags.c_contiguous:
