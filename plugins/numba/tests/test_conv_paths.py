@@ -487,3 +487,18 @@ def test_a_weight_that_is_not_finite_meets_the_padding_as_in_the_reference(path,
                 call(x, weights)  # planned and run with finite weights, then updated in place
                 weights[...] = w
             np.testing.assert_allclose(call(x, weights), want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("pads", [(1, 3, 1, -1), (1, -1, 1, 3), (-1, 1, 3, 1)])
+def test_negative_pads_are_refused_by_every_path(pads):
+    """Pads adding up to the window's size less one keep the output the input's size even
+    when one is negative; the kernels index the padded input, so a negative pad (which ONNX
+    does not define) is a ShapeError that names it, from the numba kernel and the reference
+    alike, never a read outside the input."""
+    from onemodel.tensors.errors import ShapeError
+
+    x = np.random.default_rng(3).standard_normal((1, 4, 10, 10)).astype(np.float32)
+    w = np.random.default_rng(4).standard_normal((4, 1, 3, 3)).astype(np.float32)
+    for kernel in (conv.conv, OPS["Conv"].kernel):
+        with pytest.raises(ShapeError, match="pads must be non-negative"):
+            kernel(x, w, group=4, pads=pads)

@@ -156,7 +156,9 @@ def exp32(a):
     # halves multiplied in (n reaches 128, past float32's exponents) gave the same bits on
     # every float32 from -100 to 100 and both edges, in 1.25x the time (196608 values: 94.7
     # against 76.7 us; docs/benchmarks.md, "Fourteenth round")
-    r = _float32_from_bits(np.int32(_bits_of_float32(p) + (np.int32(n) << np.int32(23))))
+    # a NaN n (a NaN input) is not converted: its int32 would be undefined (LLVM's poison)
+    r = _float32_from_bits(np.int32(_bits_of_float32(p)
+                                    + (np.int32(n if n == n else _ZERO) << np.int32(23))))
     return _ZERO if low else (np.float32(np.inf) if high else r)
 
 

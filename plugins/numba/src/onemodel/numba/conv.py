@@ -1315,8 +1315,8 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
     if group > 1 and c == group:
         taps = k[0] * k[1]
         if s == (1, 1) and d == (1, 1) and (oh, ow) == (h, w) and length >= _FLAT_MIN_LENGTH \
-                and taps <= depthwise.MAX_TAPS:
-            path = _DW_FLAT
+                and taps <= depthwise.MAX_TAPS and 0 <= pb[0] < k[0] and 0 <= pb[1] < k[1]:
+            path = _DW_FLAT  # (pads inside the window on both ends: none negative)
         elif m == c and c >= _NHWC_MIN_CHANNELS and (
                 length <= _NHWC_MAX_LENGTH or (s != (1, 1) and length <= _NHWC_MAX_LENGTH_STRIDED)
         ) and not (taps <= _TAPS_OVER_NHWC and

@@ -208,11 +208,12 @@ def flat_kernel(kh: int, kw: int, pw: int):
 def column_flags(h: int, w: int, kw: int, pw: int):
     """(rows, h*w) uint8: for each column offset j - pw other than 0 (j < kw), whether the
     column it reads from each position of an h x w plane lies inside the plane. Read-only,
-    made once per geometry."""
+    made once per geometry; 32 geometries are kept (a 7x7 window over 512x512 planes: 1.5 MB
+    each)."""
     return _column_flags(int(h), int(w), int(kw), int(pw))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=32)
 def _column_flags(h, w, kw, pw):
     import numpy as np
 

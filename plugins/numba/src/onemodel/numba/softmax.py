@@ -19,6 +19,10 @@ from onemodel.tensors.ops.specialize import CallSite, specializer
 
 from . import _jit
 from ._jit import jit, sync_threads
+
+# the kernels below compile _vecmath's exp_reduced into their own machine code, and numba's
+# on-disk cache revalidates that code by this file's time stamp only: when it changes, this
+# file must change too, or a cache filled before would keep the old arithmetic
 from ._vecmath import _BIAS, _EXP_LOW, _FIELD, _ZERO, exp_reduced
 
 F = np.float32

@@ -26,6 +26,8 @@ def _geometry(in_sp, k, strides, pads, dilations, auto_pad="NOTSET", ceil_mode=0
     s = tuple(strides) if strides else (1,) * nd
     d = tuple(dilations) if dilations else (1,) * nd
     p = tuple(pads) if pads else (0,) * (2 * nd)
+    if min(p, default=0) < 0:  # kernels index the padded input: a negative pad reads outside it
+        raise ShapeError(f"pads must be non-negative, got {list(p)}")
     pb, pe = list(p[:nd]), list(p[nd:])
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         for i in range(nd):
