@@ -651,3 +651,21 @@ def test_weights_that_are_not_finite_or_can_change_keep_every_tap():
     writable = _x(*wshape).astype(np.float32)
     call = specialize(conv.conv, _site(conv.conv, [x, writable], attrs, (1,)))
     assert call.__name__ != "trimmed_at"
+
+
+@pytest.mark.parametrize("kernel,attrs", [(conv.conv, {}),
+                                          (conv.fused_conv, dict(activation="Relu"))])
+def test_a_planned_small_convolution_fills_a_strided_out_and_refuses_a_wrong_one(kernel, attrs):
+    """The one-call small-convolution kernel writes a C-contiguous output without checks: its
+    planned call hands a strided out= to the generic call (which fills it through a copy) and
+    refuses one of another shape, as the generic call does."""
+    x, w = _x(1, 4, 5, 5).astype(np.float32), _x(8, 4, 3, 3).astype(np.float32)
+    site = _site(kernel, [x, w], attrs, (1,))
+    call = specialize(kernel, site)
+    assert call.__qualname__.startswith("_small_site")
+    want = site.generic(x, w)
+    out = _strided(np.full(want.shape, np.nan, np.float32))
+    assert call(x, w, out=out) is out
+    _same(out, want)
+    with pytest.raises(ShapeError, match="out= has shape"):
+        call(x, w, out=np.empty((1, 8, 3, 2), np.float32))

@@ -1882,7 +1882,11 @@ def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, t
     kernel = _small_conv
 
     def conv_small_at(X, W, B=None, out=None):
-        if X.shape != xshape or X.dtype != dtype or (B is None) == has_bias:
+        if X.shape != xshape or X.dtype != dtype or (B is None) == has_bias or (
+                out is not None and (out.shape != yshape or out.dtype != dtype or
+                                     not out.flags.c_contiguous)):
+            # the kernel writes a C-contiguous output unchecked: any other out goes to the
+            # generic call, which fills a strided one and refuses one of another shape
             return generic(X, W, B, out=out)
         if B is b_const or B is None:
             bias = b_ready
