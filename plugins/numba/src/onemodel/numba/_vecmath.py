@@ -32,6 +32,8 @@ def _fma(typingctx, a, b, c):
         return builder.call(fn, args)
 
     return types.float32(types.float32, types.float32, types.float32), codegen
+
+
 _E_A1, _E_A3, _E_A5 = F(-1.60960333262415e-02), F(-2.95459980854025e-03), F(-7.34990630326855e-04)
 _E_A7, _E_A9 = F(-5.69250639462346e-05), F(-2.10102402082508e-06)
 _E_A11, _E_A13 = F(2.77068142495902e-08), F(-2.72614225801306e-10)
