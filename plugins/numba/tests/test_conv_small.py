@@ -248,3 +248,67 @@ def test_both_kernels_are_covered():
         narrow.append(conv._small_table(xs, ws, attrs.get("group", 1), 0, True, plan)[
             conv._T_NARROW])
     assert sum(narrow) >= 5 and len(narrow) - sum(narrow) >= 10
+
+
+def _file_constant(a):
+    """``a`` as a constant loaded from a file: a read-only view of immutable bytes."""
+    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
+
+
+# narrow, ungrouped, many output channels: the kernel along the output channels
+BY_CHANNELS = [
+    ((2, 40, 1, 1), (240, 40, 1, 1), {}),  # a squeeze-and-excitation expansion
+    ((2, 24, 2, 2), (144, 24, 1, 1), {}),  # two 2x2 images: two blocks of four pixels
+    ((1, 16, 1, 1), (33, 16, 1, 1), {}),  # one pixel, an odd channel count
+    ((3, 7, 1, 1), (35, 7, 1, 1), {}),  # three pixels: no full block of four
+    ((1, 6, 3, 3), (40, 6, 3, 3), dict(pads=(1, 0, 1, 1), strides=(2, 2))),  # taps, padding
+    ((2, 8, 5), (32, 8, 3), dict(strides=(2,), pads=(0, 1))),  # Conv1d, 2 pixels per image
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("xs, ws, attrs", BY_CHANNELS)
+def test_narrow_convolutions_by_output_channels(xs, ws, attrs, dtype):
+    """A file's weights (immutable) on a narrow ungrouped convolution with many outputs take
+    conv._small_conv_by_channels (weights laid out once as (C*kh*kw, M)) and match PyTorch
+    with every activation; writable weights, other weights and a missing bias take the dot
+    products and match too."""
+    plan = _plan(xs, ws, attrs)
+    assert plan[0] == conv._SMALL
+    x4, w4, _ = _attrs_2d(xs, ws, attrs)
+    assert conv._by_channels(conv._small_table(x4, w4, 1, 0, True, plan))
+    x, w, b = conv_arrays(xs, ws, dtype, seed=5)
+    wf, bf = _file_constant(w), _file_constant(b)
+    calls = []
+    for act in ACTS:
+        a = dict(attrs, activation=act)
+        site = _site(conv.fused_conv, [x, wf, bf], a, (1, 2))
+        call = specialize(conv.fused_conv, site)
+        assert call.__name__ == "conv_small_at"
+        calls.append(call)
+        want = _torch(x, w, b, act, attrs)
+        out = np.full(want.shape, np.nan, dtype)
+        assert call(x, wf, bf, out=out) is out
+        np.testing.assert_allclose(out, want, **TOL[dtype])
+        np.testing.assert_allclose(call(x, w, b), want, **TOL[dtype])  # other (equal) weights
+    assert dict(zip(calls[0].__code__.co_freevars,
+                    (c.cell_contents for c in calls[0].__closure__)))["w_cols"] is not None
+    writable = specialize(conv.fused_conv, _site(conv.fused_conv, [x, w, b],
+                                                 dict(attrs, activation="Relu"), (1, 2)))
+    assert dict(zip(writable.__code__.co_freevars,
+                    (c.cell_contents for c in writable.__closure__)))["w_cols"] is None
+    np.testing.assert_allclose(writable(x, w, b), _torch(x, w, b, "Relu", attrs), **TOL[dtype])
+    x2 = x * 3 - 1
+    np.testing.assert_allclose(calls[1](x2, wf, bf), _torch(x2, w, b, "Relu", attrs),
+                               **TOL[dtype])
+
+
+def test_deep_reductions_keep_the_dot_products():
+    """480 channels to 16 (thirty weights per output) stay with the dot products, which
+    measured faster there; grouped and wide convolutions never take the kernel."""
+    for xs, ws, group in [((2, 480, 1, 1), (16, 480, 1, 1), 1),
+                          ((2, 64, 1, 1), (64, 16, 1, 1), 4),
+                          ((2, 8, 8, 8), (48, 8, 1, 1), 1)]:
+        plan = conv._plan(xs, ws, 4, None, None, None, None, "NOTSET", group)
+        assert plan[0] == conv._SMALL
+        assert not conv._by_channels(conv._small_table(xs, ws, group, 0, True, plan))
