@@ -145,3 +145,90 @@ def test_a_session_plans_a_linear_head_at_batch_two_as_the_skinny_product():
     (step,) = [st for st in plan.steps if st.op == "FusedGemm"]
     assert any(getattr(c.cell_contents, "__qualname__", "") == "_skinny_product.<locals>.skinny"
                for c in step.call.__closure__)
+
+
+def _file_constant(a):
+    """``a`` as a constant loaded from a file: a read-only view of immutable bytes."""
+    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
+
+
+def _matmul_call(a_shape, w):
+    from onemodel.tensors.ops import OPS
+    from onemodel.tensors.ops.specialize import CallSite, specialize
+
+    out_shape = tuple(a_shape[:-1]) + (w.shape[1],)
+    site = CallSite((a_shape, w.shape), (np.dtype(np.float32), w.dtype), (None, w), {},
+                    (out_shape,), lambda A, B, out=None: OPS["MatMul"].kernel(A, B, out=out))
+    return specialize(gemm.matmul, site)
+
+
+def _skinny(call) -> bool:
+    """Whether a planned MatMul call runs the skinny product."""
+    return any(getattr(c.cell_contents, "__qualname__", "") == "_skinny_product.<locals>.skinny"
+               for c in call.__closure__ or ())
+
+
+@pytest.mark.parametrize("a_shape", [(4, 1024), (8, 1024), (2, 4, 1024), (2, 2, 2, 1024),
+                                     (16, 1024), (3, 1024), (17, 1024), (1, 1024)])
+def test_matmul_of_a_few_rows_by_large_file_weights_matches_torch(a_shape):
+    """MatMul of 4-16 rows (A's leading axes together) by 4 MiB or more of a file's float32
+    weights is planned as the skinny product over their (N, K) copy; 1-3 rows and 17 keep the
+    reference's call. Against torch.matmul with NaN and infinities in one row, with and
+    without a planned out; another weight array and float64 take the reference."""
+    rng = np.random.default_rng(len(a_shape) * 100 + a_shape[0])
+    w = _file_constant((rng.standard_normal((1024, 1100)) / 32).astype(np.float32))  # 4.3 MB
+    x = rng.standard_normal(a_shape).astype(np.float32)
+    x.reshape(-1, 1024)[0, 5] = np.inf
+    rows = int(np.prod(a_shape[:-1]))
+    call = _matmul_call(a_shape, w)
+    assert _skinny(call) == (4 <= rows <= 16)
+    want = torch.matmul(torch.from_numpy(x), torch.from_numpy(w.copy())).numpy()
+    with np.errstate(invalid="ignore"):  # inf - inf in the row with the infinity
+        for out in (None, np.full(want.shape, np.nan, np.float32)):
+            got = call(x, w, out=out)
+            assert out is None or got is out
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        other = w.copy()
+        other[0, 0] += 1.0
+        np.testing.assert_allclose(call(x, other), x @ other, rtol=1e-4, atol=1e-4)
+        x64 = x.astype(np.float64)
+        got = call(x64, w.astype(np.float64))
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, x64 @ w.astype(np.float64), rtol=1e-10, atol=1e-10)
+
+
+def test_matmul_keeps_blas_for_writable_or_small_weights():
+    """A caller's writable weights (an update in place must show) and weights under 4 MiB keep
+    the reference's call."""
+    rng = np.random.default_rng(3)
+    writable = rng.standard_normal((1024, 1100)).astype(np.float32)
+    assert not _skinny(_matmul_call((8, 1024), writable))
+    assert not _skinny(_matmul_call((8, 768), _file_constant(
+        rng.standard_normal((768, 768)).astype(np.float32))))  # 2.4 MB
+
+
+def _rows_of(call) -> np.ndarray:
+    """The (N, K) weights a planned skinny MatMul call reads."""
+    (skinny,) = [c.cell_contents for c in call.__closure__ if callable(c.cell_contents)
+                 and getattr(c.cell_contents, "__qualname__", "").endswith("skinny")]
+    return dict(zip(skinny.__code__.co_freevars, (c.cell_contents for c in skinny.__closure__)))[
+        "w"]
+
+
+def test_the_weights_copy_is_made_once_and_dropped_with_them():
+    """Plans of several shapes share one read-only (N, K) copy of each weight array (not one
+    each, which would multiply a model's memory by its shapes), and the copy goes when the
+    weights do."""
+    import gc
+
+    w = _file_constant(np.arange(1024 * 1100, dtype=np.float32).reshape(1024, 1100))
+    calls = [_matmul_call(shape, w) for shape in ((4, 1024), (8, 1024), (2, 8, 1024))]
+    rows = [_rows_of(call) for call in calls]
+    assert rows[0] is rows[1] is rows[2]
+    assert rows[0].shape == (1100, 1024) and not rows[0].flags.writeable
+    np.testing.assert_array_equal(rows[0], w.T)
+    key = id(w)
+    del calls, rows, w
+    gc.collect()
+    assert key not in gemm._COPIES

@@ -156,6 +156,11 @@ CASES = [
     ("FusedGemm", [(6, 4), (6, 5)], dict(transA=1, activation="Tanh")),
     ("FusedGemm", [(5, 8), (8, 6), (6,)], dict(activation="Relu6")),
     ("FusedGemm", [(2, 300), (300, 1100), (1100,)], {}),  # 2 rows by a 1.3 MB weight
+    ("MatMul", [(3, 7), (7, 5)], {}),
+    ("MatMul", [(2, 3, 4, 6), (6, 5)], {}),
+    ("MatMul", [(2, 3, 4, 6), (2, 1, 6, 5)], {}),  # batched, broadcast
+    ("MatMul", [(5,), (5, 3)], {}),
+    ("MatMul", [(2, 4, 600), (600, 1800)], {}),  # 8 rows by 4.3 MB of weights (writable)
     # empty batches
     ("MaxPool", [(0, 3, 5, 5)], dict(kernel_shape=(2, 2))),
     ("AveragePool", [(0, 3, 5, 5)], dict(kernel_shape=(2, 2))),
@@ -172,6 +177,7 @@ CASES = [
     ("LogSoftmax", [(0, 5)], {}),
     ("FusedAttention", [(0, 2, 3, 4), (0, 2, 4, 3), (0, 2, 3, 4)], {}),
     ("FusedGemm", [(0, 4), (4, 3), (3,)], {}),
+    ("MatMul", [(0, 4), (4, 3)], {}),
     # (more in test_resize.py)
     ("Resize", [(2, 3, 5, 7), None, None, ("const", [2, 3, 11, 13])], dict(mode="linear")),
     ("Resize", [(1, 4, 9, 8), None, ("const", [1.0, 1.0, 0.5, 1.75]), None],

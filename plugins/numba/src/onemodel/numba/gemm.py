@@ -1,10 +1,16 @@
 """FusedGemm (Gemm, then Relu, Sigmoid or Tanh): the product stays in BLAS (the reference Gemm
 kernel, or its plan-time specialized call), then the bias row and the activation are applied to
 the result in one numba pass. The reference adds the bias and applies the activation as two
-numpy calls, about 0.7 us each on the small outputs of a traced MLP at batch 1."""
+numpy calls, about 0.7 us each on the small outputs of a traced MLP at batch 1.
+
+Both FusedGemm and MatMul take the numba skinny product (:func:`conv._skinny_gemm`) for a few
+rows by large constant weights, which OpenBLAS packs on every call."""
 
 from __future__ import annotations
 
+import math
+import threading
+import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -24,6 +30,15 @@ from .conv import _NO_BIAS, ACT_CODES, _bias_act, _immutable, _skinny_gemm
 # BLAS keeps them
 _SKINNY_MAX_ROWS = 16
 _SKINNY_MIN_WEIGHTS = 1 << 20
+# MatMul (A's leading axes together: its rows) by constant 2-D float32 weights of at least
+# _MATMUL_MIN_WEIGHTS bytes, with _MATMUL_MIN_ROWS to _SKINNY_MAX_ROWS rows: the skinny
+# product. Measured with the cache flushed before each call (the weights come from memory, as in
+# a model's run; one thread): 8 rows by (768, 3072) 1412 -> 1003 us, 4 rows 1193 -> 805,
+# 16 rows 1735 -> 1353, 8 rows by (3072, 768) 1591 -> 1055, 4 rows by (1024, 1024) 475 -> 281.
+# One to three rows keep the reference's matrix-vector products (1 row by (768, 3072): 352
+# against 628 us), and at 1-2 MiB of weights the two tie
+_MATMUL_MIN_ROWS = 4
+_MATMUL_MIN_WEIGHTS = 4 << 20
 
 
 def _plain(C, n, activation, alpha, beta) -> bool:
@@ -104,21 +119,81 @@ def _rows_by_k(site: CallSite, attrs: dict, out_shape):
         return b if b.flags.c_contiguous else None
     if not (_immutable(b) or (not b.flags.writeable and b.base is None)):
         return None
-    return np.ascontiguousarray(b.T)
+    return _transposed(b)
+
+
+# id(weights) -> (a weak reference to them, their (N, K) copy): one copy per weight array,
+# shared by every plan (a session planning for several shapes would otherwise copy each large
+# weight once per plan); an entry goes when its weights do
+_COPIES: dict[int, tuple] = {}
+_COPIES_LOCK = threading.Lock()
+
+
+def _transposed(b: np.ndarray) -> np.ndarray:
+    """``b.T`` as a contiguous, read-only array, made once per ``b`` (which nothing changes in
+    place: the caller checked)."""
+    key = id(b)
+    with _COPIES_LOCK:
+        got = _COPIES.get(key)
+        if got is not None and got[0]() is b:
+            return got[1]
+        rows = np.ascontiguousarray(b.T)
+        rows.flags.writeable = False
+        _COPIES[key] = (weakref.ref(b), rows)
+        weakref.finalize(b, _forget, key, rows)
+        return rows
+
+
+def _forget(key: int, rows: np.ndarray) -> None:
+    with _COPIES_LOCK:
+        got = _COPIES.get(key)
+        if got is not None and got[1] is rows:  # not a later array's entry under the same id
+            del _COPIES[key]
 
 
 def _skinny_product(w, b_const, a_shape, out_shape, blas_product):
     """``A @ B`` into the output (C-contiguous, (rows, N)) by :func:`conv._skinny_gemm` over
     ``w`` (B's (N, K) rows); another B than the planned constant goes to ``blas_product``."""
-    n = out_shape[1]
+    n = out_shape[-1]
+
+    rows = (math.prod(a_shape[:-1]), a_shape[-1])  # A's leading axes together (MatMul's)
 
     def skinny(A, B, C=None, out=None):
-        if B is not b_const or A.shape != a_shape:
+        if B is not b_const or A.shape != a_shape or A.dtype != np.float32:
             return blas_product(A, B, C, out=out)
         y = np.empty(out_shape, A.dtype) if out is None else out
-        if y.shape != out_shape or not y.flags.c_contiguous:
+        if y.shape != out_shape or y.dtype != A.dtype or not y.flags.c_contiguous:
             return blas_product(A, B, C, out=out)
+        sync_threads()
         (_skinny_gemm if _jit._parallel else _skinny_gemm.serial)(
-            w, np.ascontiguousarray(A), y.reshape(y.size), 1, n)
+            w, np.ascontiguousarray(A).reshape(rows), y.reshape(y.size), 1, n)
         return y
     return skinny
+
+
+def matmul(A, B, *, out=None):
+    """MatMul: the reference kernel. Its planned call (:func:`_matmul_at`) takes the skinny
+    product for a few rows by large constant weights."""
+    return OPS["MatMul"].kernel(A, B, out=out)
+
+
+@specializer(matmul)
+def _matmul_at(site: CallSite):
+    """The reference MatMul's planned call, or the skinny product for float32 A of
+    _MATMUL_MIN_ROWS to _SKINNY_MAX_ROWS rows by a constant 2-D B of at least
+    _MATMUL_MIN_WEIGHTS bytes that nothing changes in place (a file's weights); other inputs
+    than planned take the reference's call."""
+    reference = specialize(OPS["MatMul"].kernel, site)
+    if reference is None:
+        return None
+    a_shape, out_shape = site.shapes[0], site.out_shapes[0]
+    b = site.values[1] if len(site.values) > 1 else None
+    if not isinstance(b, np.ndarray) or b.ndim != 2 or b.dtype != np.float32 or \
+            site.dtypes[0] != np.float32 or a_shape is None or len(a_shape) < 2 or \
+            out_shape is None or b.nbytes < _MATMUL_MIN_WEIGHTS or \
+            not _MATMUL_MIN_ROWS <= math.prod(a_shape[:-1]) <= _SKINNY_MAX_ROWS or \
+            not (_immutable(b) or (not b.flags.writeable and b.base is None)):
+        return reference
+    product = _skinny_product(_transposed(b), b, a_shape, out_shape,
+                              lambda A, B, C=None, out=None: reference(A, B, out=out))
+    return lambda A, B, out=None: product(A, B, None, out=out)
