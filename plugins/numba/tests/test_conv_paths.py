@@ -94,6 +94,8 @@ CASES = [
     # 4x4 blocks of rows and columns and every leftover (weights of 65 rows, 5 and 6 columns)
     (conv._SKINNY, (1, 128, 3, 7), (65, 128, 3, 3), {}),
     (conv._SKINNY, (3, 300, 2, 1), (260, 300, 1, 1), {}),
+    # two images of 3x3 planes: 18 columns (SqueezeNet's last fire modules)
+    (conv._SKINNY, (2, 64, 3, 3), (128, 64, 3, 3), dict(pads=(1, 1, 1, 1))),
 ]
 ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish"]
 

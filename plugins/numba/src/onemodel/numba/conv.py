@@ -67,8 +67,11 @@ _DOT_MAX_IMAGES = 16
 # and with this much weight take the numba product (_skinny_gemm), which reads the weights
 # once where OpenBLAS packs them first: 512 -> 512 3x3 over 2x2 (4608 x 8) 1008 -> 409 us,
 # 1024 -> 512 1x1 over 2x2 (1024 x 8) 192 -> 105 us; narrower weights stay in BLAS
-# (960 x 160 x 16: 73 against 83 us)
-_SKINNY_MAX_WIDTH = 16
+# (960 x 160 x 16: 73 against 83 us). Up to 20 columns: two images of 3x3 planes (SqueezeNet's
+# last fire modules, 64 -> 256 3x3: 122 -> 82 us hot) took SqueezeNet to 0.978x paired (two runs
+# of 100 pairs); at 32 columns (2x4x4) BLAS stayed ahead (256 -> 256 3x3: 522 against 691 us)
+_SKINNY_MAX_WIDTH = 20
+_SKINNY_MAX_IMAGES = 16  # 1x1 convolutions over 1x1 planes: images the skinny product takes
 _SKINNY_MIN_ROWS = 256
 _SKINNY_MIN_WEIGHTS = 256 << 10
 _ONE_GEMM_MIN_WEIGHTS = 1 << 20
@@ -1398,7 +1401,7 @@ def _plan(xshape, wshape, itemsize, kernel_shape, strides, pads, dilations, auto
         path = _SKINNY
     elif _small(m * rows // group * n * length, n * length, s != (1, 1) and group == 1):
         path = _SMALL
-    elif group == 1 and itemsize == 4 and length == 1 and n <= _SKINNY_MAX_WIDTH and direct:
+    elif group == 1 and itemsize == 4 and length == 1 and n <= _SKINNY_MAX_IMAGES and direct:
         path = _SKINNY  # 1x1 over 1x1 planes (squeeze-and-excitation): the input is its operand
     elif direct:
         path = _DIRECT  # the input already is the GEMM operand
