@@ -31,13 +31,16 @@ from .conv import _NO_BIAS, ACT_CODES, _bias_act, _immutable, _skinny_gemm
 _SKINNY_MAX_ROWS = 16
 _SKINNY_MIN_WEIGHTS = 1 << 20
 # MatMul (A's leading axes together: its rows) by constant 2-D float32 weights of at least
-# _MATMUL_MIN_WEIGHTS bytes, with _MATMUL_MIN_ROWS to _SKINNY_MAX_ROWS rows: the skinny
+# _MATMUL_MIN_WEIGHTS bytes, with _MATMUL_MIN_ROWS to _MATMUL_MAX_ROWS rows: the skinny
 # product. Measured with the cache flushed before each call (the weights come from memory, as in
 # a model's run; one thread): 8 rows by (768, 3072) 1412 -> 1003 us, 4 rows 1193 -> 805,
-# 16 rows 1735 -> 1353, 8 rows by (3072, 768) 1591 -> 1055, 4 rows by (1024, 1024) 475 -> 281.
-# One to three rows keep the reference's matrix-vector products (1 row by (768, 3072): 352
-# against 628 us), and at 1-2 MiB of weights the two tie
+# 16 rows 1735 -> 1353, 32 rows 2492 -> 2270, 8 rows by (3072, 768) 1591 -> 1055, 32 rows
+# 2276 -> 1960, 4 rows by (1024, 1024) 475 -> 281, 32 rows 1188 -> 1001. One to three rows keep
+# the reference's matrix-vector products (1 row by (768, 3072): 352 against 628 us), and at
+# 2.25 MiB of weights BLAS stayed ahead with the cache flushed ((384, 1536), 4-32 rows: 252-613
+# against 333-717 us)
 _MATMUL_MIN_ROWS = 4
+_MATMUL_MAX_ROWS = 32
 _MATMUL_MIN_WEIGHTS = 4 << 20
 
 
@@ -180,7 +183,7 @@ def matmul(A, B, *, out=None):
 @specializer(matmul)
 def _matmul_at(site: CallSite):
     """The reference MatMul's planned call, or the skinny product for float32 A of
-    _MATMUL_MIN_ROWS to _SKINNY_MAX_ROWS rows by a constant 2-D B of at least
+    _MATMUL_MIN_ROWS to _MATMUL_MAX_ROWS rows by a constant 2-D B of at least
     _MATMUL_MIN_WEIGHTS bytes that nothing changes in place (a file's weights); other inputs
     than planned take the reference's call."""
     reference = specialize(OPS["MatMul"].kernel, site)
@@ -191,7 +194,7 @@ def _matmul_at(site: CallSite):
     if not isinstance(b, np.ndarray) or b.ndim != 2 or b.dtype != np.float32 or \
             site.dtypes[0] != np.float32 or a_shape is None or len(a_shape) < 2 or \
             out_shape is None or b.nbytes < _MATMUL_MIN_WEIGHTS or \
-            not _MATMUL_MIN_ROWS <= math.prod(a_shape[:-1]) <= _SKINNY_MAX_ROWS or \
+            not _MATMUL_MIN_ROWS <= math.prod(a_shape[:-1]) <= _MATMUL_MAX_ROWS or \
             not (_immutable(b) or (not b.flags.writeable and b.base is None)):
         return reference
     product = _skinny_product(_transposed(b), b, a_shape, out_shape,
