@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from onemodel.runtime import GraphBuilder, Session
-from onemodel.tensors import DType, OneModelError, registry
+from onemodel.tensors import DType, OneModelError, ShapeError, registry
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
@@ -170,16 +170,24 @@ def test_a_specializer_that_raises_names_the_node(monkeypatch):
         session.run(feeds)
 
 
-@pytest.mark.parametrize("a_shape,b_shape", [((2, 3, 4), (4, 5)), ((2, 576), (576, 512))])
-def test_an_out_that_cannot_be_viewed_flat_is_refused_not_left_unwritten(a_shape, b_shape):
-    """The products write 2-D views of ``out``; a strided ``out`` numpy could only copy would
-    leave the caller's array unwritten, so it is an error."""
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 3, 4), (4, 5)), ((2, 576), (576, 512)),
+                                             ((3, 576), (576, 512))])
+def test_an_out_the_products_cannot_write_goes_to_the_generic_kernel(a_shape, b_shape):
+    """The planned products write 2-D views of a C-contiguous ``out`` of the planned shape and
+    dtype. Any other ``out`` goes to the generic kernel, which fills a strided or wider one
+    (never a copy left unwritten) and refuses one of another shape with a ShapeError naming the
+    shapes (numpy's own error before)."""
     a, b = _x(*a_shape), _x(*b_shape)
     call = specialize(OPS["MatMul"].kernel, _site("MatMul", [a, b], {}))
-    out_shape = a_shape[:-1] + b_shape[-1:]
-    out = np.empty(out_shape[::-1], np.float32).T  # the right shape, transposed strides
-    with pytest.raises(ValueError):
-        call(a, b, out=out)
+    want = OPS["MatMul"].kernel(a, b)
+    out = np.full(want.shape[::-1], np.nan, np.float32).T  # the right shape, transposed strides
+    assert call(a, b, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    wide = np.full(want.shape, np.nan, np.float64)
+    assert call(a, b, out=wide) is wide
+    np.testing.assert_allclose(wide, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ShapeError, match="MatMul: out= of shape"):
+        call(a, b, out=np.empty(want.shape[:-1] + (want.shape[-1] + 1,), np.float32))
 
 
 @pytest.mark.parametrize("shape,sizes,attrs", [
@@ -219,5 +227,6 @@ def test_a_product_writes_whichever_out_it_is_given():
         out[...] = np.nan
         assert call(a, b, out=out) is out
         np.testing.assert_array_equal(out, want)
-    with pytest.raises(Exception):  # noqa: B017 - a strided out is refused, not written as a copy
-        call(a, b, out=np.empty((2, 3, 5), want.dtype).transpose(0, 2, 1))
+    strided = np.empty((2, 3, 5), want.dtype).transpose(0, 2, 1)  # filled by the generic kernel
+    assert call(a, b, out=strided) is strided
+    np.testing.assert_array_equal(strided, want)

@@ -312,3 +312,12 @@ def test_deep_reductions_keep_the_dot_products():
         plan = conv._plan(xs, ws, 4, None, None, None, None, "NOTSET", group)
         assert plan[0] == conv._SMALL
         assert not conv._by_channels(conv._small_table(xs, ws, group, 0, True, plan))
+
+
+def test_a_1d_convolution_refuses_an_out_of_another_rank():
+    """An ``out=`` that is not 3-D for a 1-D convolution is a ShapeError that says so (an
+    IndexError from the reshape before)."""
+    x, w, b = conv_arrays((2, 4, 9), (6, 4, 3), np.float32)
+    for fn in (conv.conv, lambda *a, **k: conv.fused_conv(*a, activation="Relu", **k)):
+        with pytest.raises(ShapeError, match="has 3 axes"):
+            fn(x, w, b, out=np.zeros(6 * 2 * 7, np.float32))

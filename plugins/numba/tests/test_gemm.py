@@ -233,3 +233,67 @@ def test_the_weights_copy_is_made_once_and_dropped_with_them():
     del calls, rows, w
     gc.collect()
     assert key not in gemm._COPIES
+
+
+
+def test_a_finalizer_inside_the_copy_cache_does_not_deadlock():
+    """A garbage-collection pass can start inside ``_transposed``'s locked section (it
+    allocates there) and free other cached weights, whose finalizer (``_forget``) then runs in
+    the same thread and takes the same lock. With a plain lock that thread hung for good (found
+    by review: sessions dropped and reloaded in a loop hung after about 500 reloads); the lock
+    is re-entrant. Checked directly: the finalizer run while the thread holds the lock, in a
+    thread that must finish."""
+    import threading
+
+    w = _file_constant(np.ones((256, 300), np.float32))
+    rows = gemm._transposed(w)
+    key = id(w)
+
+    def finalizer_inside_the_lock():
+        with gemm._COPIES_LOCK:
+            gemm._forget(key, rows)
+
+    worker = threading.Thread(target=finalizer_inside_the_lock, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "the finalizer blocked on the lock its own thread holds"
+    assert key not in gemm._COPIES
+    assert gemm._transposed(w) is not rows  # made again: the entry had gone
+
+
+def test_only_immutable_weights_share_a_copy():
+    """A read-only array that owns its data can be made writable again by its owner, so MatMul
+    does not take it as constant (a shared copy would go stale for the plans made after a
+    change), while a file's immutable weights are."""
+    b = np.ones((1024, 1100), np.float32)
+    b.flags.writeable = False
+    x = np.ones((8, 1024), np.float32)
+    first = _matmul_call((8, 1024), b)
+    assert not _skinny(first)
+    np.testing.assert_array_equal(first(x, b), x @ b)
+    b.flags.writeable = True
+    b[:] = 2.0
+    b.flags.writeable = False
+    np.testing.assert_array_equal(_matmul_call((4, 2, 1024), b)(x.reshape(4, 2, 1024), b),
+                                  (x @ b).reshape(4, 2, 1100))
+
+
+def test_planned_shapes_that_disagree_keep_the_reference():
+    """A call site whose shapes disagree (A's last axis is not B's rows, or the output is not
+    A's rows by B's columns) never reaches the unchecked kernel: the reference's call, which
+    says what is wrong."""
+    from onemodel.tensors.ops import OPS
+    from onemodel.tensors.ops.specialize import CallSite, specialize
+
+    w = _file_constant(np.ones((1024, 1100), np.float32))
+    for a_shape, out_shape in [((8, 512), (8, 1100)), ((8, 1024), (8, 100))]:
+        site = CallSite((a_shape, w.shape), (np.dtype(np.float32),) * 2, (None, w), {},
+                        (out_shape,), lambda A, B, out=None: OPS["MatMul"].kernel(A, B, out=out))
+        call = specialize(gemm.matmul, site)
+        assert not _skinny(call)
+        with pytest.raises(ValueError):
+            call(np.ones(a_shape, np.float32), w)
+    rows = gemm._transposed(w)
+    ref = lambda A, B, C=None, out=None: "reference"
+    assert gemm._skinny_product(rows, w, (8, 512), (8, 1100), ref) is ref
+    assert gemm._skinny_product(rows, w, (8, 1024), (8, 100), ref) is ref

@@ -71,7 +71,11 @@ _DOT_MAX_IMAGES = 16
 # last fire modules, 64 -> 256 3x3: 122 -> 82 us hot) took SqueezeNet to 0.978x paired (two runs
 # of 100 pairs); at 32 columns (2x4x4) BLAS stayed ahead (256 -> 256 3x3: 522 against 691 us)
 _SKINNY_MAX_WIDTH = 20
-_SKINNY_MAX_IMAGES = 16  # 1x1 convolutions over 1x1 planes: images the skinny product takes
+# 1x1 convolutions over 1x1 planes with weights below the limits above (squeeze-and-excitation)
+# take the skinny product on up to this many images; deep, large weights follow the rule above,
+# up to 20 images (17x512 -> 512: 230 -> 109 us, 20x2048 -> 512: 969 -> 475 us against BLAS,
+# hot, one thread; measured by the round's review)
+_SKINNY_MAX_IMAGES = 16
 _SKINNY_MIN_ROWS = 256
 _SKINNY_MIN_WEIGHTS = 256 << 10
 _ONE_GEMM_MIN_WEIGHTS = 1 << 20
@@ -1472,6 +1476,9 @@ def _as_2d(X, W, kernel_shape, pads, strides, dilations, out):
 
 def _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides, out):
     if X.ndim == 3:  # Conv1d (Whisper's stem, wav2vec, TCNs)
+        if out is not None and out.ndim != 3:
+            raise ShapeError(f"Conv: out= has shape {out.shape}; a 1-D convolution's result "
+                             "has 3 axes (N, M, width)")
         X, W, kernel_shape, pads, strides, dilations, out2 = _as_2d(
             X, W, kernel_shape, pads, strides, dilations, out)
         y = _conv(X, W, B, act, auto_pad, dilations, group, kernel_shape, pads, strides, out2)

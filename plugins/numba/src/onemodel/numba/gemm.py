@@ -120,31 +120,41 @@ def _rows_by_k(site: CallSite, attrs: dict, out_shape):
         return None
     if attrs.get("transB", 0):
         return b if b.flags.c_contiguous else None
-    if not (_immutable(b) or (not b.flags.writeable and b.base is None)):
-        return None
-    return _transposed(b)
+    if _immutable(b):
+        return _transposed(b)
+    if not b.flags.writeable and b.base is None:  # a pass's own read-only copy: one per plan
+        rows = np.ascontiguousarray(b.T)
+        rows.flags.writeable = False
+        return rows
+    return None
 
 
-# id(weights) -> (a weak reference to them, their (N, K) copy): one copy per weight array,
-# shared by every plan (a session planning for several shapes would otherwise copy each large
-# weight once per plan); an entry goes when its weights do
+# id(weights) -> (a weak reference to them, their (N, K) copy): one copy per immutable weight
+# array (a file's), shared by every plan (a session planning for several shapes would otherwise
+# copy each large weight once per plan); an entry goes when its weights do. A re-entrant lock:
+# a garbage-collection pass inside the locked section may finalize other weights, whose
+# _forget then runs in the same thread
 _COPIES: dict[int, tuple] = {}
-_COPIES_LOCK = threading.Lock()
+_COPIES_LOCK = threading.RLock()
 
 
 def _transposed(b: np.ndarray) -> np.ndarray:
-    """``b.T`` as a contiguous, read-only array, made once per ``b`` (which nothing changes in
-    place: the caller checked)."""
+    """``b.T`` as a contiguous, read-only array, made once per ``b``, which must be immutable
+    (:func:`conv._immutable`: a read-only view of bytes, as a file's constants are), so the copy
+    cannot go stale."""
     key = id(b)
+    got = _COPIES.get(key)
+    if got is not None and got[0]() is b:
+        return got[1]
+    rows = np.ascontiguousarray(b.T)  # outside the lock: plans of other weights need not wait
+    rows.flags.writeable = False
     with _COPIES_LOCK:
         got = _COPIES.get(key)
-        if got is not None and got[0]() is b:
+        if got is not None and got[0]() is b:  # another thread made it meanwhile
             return got[1]
-        rows = np.ascontiguousarray(b.T)
-        rows.flags.writeable = False
         _COPIES[key] = (weakref.ref(b), rows)
-        weakref.finalize(b, _forget, key, rows)
-        return rows
+    weakref.finalize(b, _forget, key, rows)
+    return rows
 
 
 def _forget(key: int, rows: np.ndarray) -> None:
@@ -156,8 +166,12 @@ def _forget(key: int, rows: np.ndarray) -> None:
 
 def _skinny_product(w, b_const, a_shape, out_shape, blas_product):
     """``A @ B`` into the output (C-contiguous, (rows, N)) by :func:`conv._skinny_gemm` over
-    ``w`` (B's (N, K) rows); another B than the planned constant goes to ``blas_product``."""
+    ``w`` (B's (N, K) rows); another B than the planned constant goes to ``blas_product``, and so
+    does every call when the planned shapes do not agree (A's last axis is not K, or the output
+    is not A's leading axes by N): the kernel reads and writes unchecked."""
     n = out_shape[-1]
+    if a_shape[-1] != w.shape[1] or tuple(out_shape) != (*a_shape[:-1], w.shape[0]):
+        return blas_product
 
     rows = (math.prod(a_shape[:-1]), a_shape[-1])  # A's leading axes together (MatMul's)
 
@@ -184,7 +198,7 @@ def matmul(A, B, *, out=None):
 def _matmul_at(site: CallSite):
     """The reference MatMul's planned call, or the skinny product for float32 A of
     _MATMUL_MIN_ROWS to _MATMUL_MAX_ROWS rows by a constant 2-D B of at least
-    _MATMUL_MIN_WEIGHTS bytes that nothing changes in place (a file's weights); other inputs
+    _MATMUL_MIN_WEIGHTS bytes that nothing can change in place (a file's weights); other inputs
     than planned take the reference's call."""
     reference = specialize(OPS["MatMul"].kernel, site)
     if reference is None:
@@ -195,7 +209,8 @@ def _matmul_at(site: CallSite):
             site.dtypes[0] != np.float32 or a_shape is None or len(a_shape) < 2 or \
             out_shape is None or b.nbytes < _MATMUL_MIN_WEIGHTS or \
             not _MATMUL_MIN_ROWS <= math.prod(a_shape[:-1]) <= _MATMUL_MAX_ROWS or \
-            not (_immutable(b) or (not b.flags.writeable and b.base is None)):
+            not _immutable(b) or a_shape[-1] != b.shape[0] or \
+            tuple(out_shape) != (*a_shape[:-1], b.shape[1]):
         return reference
     product = _skinny_product(_transposed(b), b, a_shape, out_shape,
                               lambda A, B, C=None, out=None: reference(A, B, out=out))

@@ -52,9 +52,13 @@ _NATIVE_KINDS = frozenset("fiu")
 def _product_into(a, b, out):
     """``a @ b`` written into ``out``; a dtype numpy does not multiply natively is computed as
     without out= and copied, so the result is the same either way."""
-    if out.dtype.kind in _NATIVE_KINDS and out.dtype.isbuiltin:
-        return np.matmul(a, b, out=out)
-    out[...] = np.matmul(a, b)
+    try:
+        if out.dtype.kind in _NATIVE_KINDS and out.dtype.isbuiltin:
+            return np.matmul(a, b, out=out)
+        out[...] = np.matmul(a, b)
+    except ValueError as exc:  # numpy's words for a mismatch: name the shapes
+        raise ShapeError(f"MatMul: out= of shape {list(out.shape)} cannot hold A "
+                         f"{list(np.shape(a))} @ B {list(np.shape(b))} ({exc})") from exc
     return out
 
 
@@ -109,7 +113,10 @@ def _matmul_at(site: CallSite):
         rows = math.prod(a_shape[:-1])
 
         def matmul_rows(A, B, out=None):
-            if A.shape != a_shape or B.shape != b_shape or A.dtype != dtype or B.dtype != dtype:
+            if A.shape != a_shape or B.shape != b_shape or A.dtype != dtype or \
+                    B.dtype != dtype or (out is not None and (
+                        out.shape != out_shape or out.dtype != dtype or
+                        not out.flags.c_contiguous)):  # np.dot writes only such an out
                 return site.generic(A, B, out=out)
             return _rows_into(A, B, np.empty(out_shape, dtype) if out is None else out, rows)
         return matmul_rows
@@ -122,7 +129,10 @@ def _matmul_at(site: CallSite):
         last = [(None, None)]  # (a given out, its 2-D view): a plan hands the same buffer
 
         def matmul_dot(A, B, out=None):
-            if A.shape != a_shape or B.shape != b_shape or A.dtype != dtype or B.dtype != dtype:
+            if A.shape != a_shape or B.shape != b_shape or A.dtype != dtype or \
+                    B.dtype != dtype or (out is not None and (
+                        out.shape != out_shape or out.dtype != dtype or
+                        not out.flags.c_contiguous)):  # np.dot writes only such an out
                 return site.generic(A, B, out=out)
             if out is None:
                 out = np.empty(out_shape, dtype)
