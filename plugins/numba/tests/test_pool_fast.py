@@ -215,3 +215,34 @@ def test_specialized_call_equals_the_generic_one(shape, attrs, op, kernel, extra
         assert call(grown).tobytes() == generic(grown).tobytes()  # other shapes
     other = x.astype(np.float64 if dtype == np.float32 else np.float32)
     assert call(other).tobytes() == generic(other).tobytes()
+
+
+FIXED_GEOMETRIES = [(shape, attrs) for shape, attrs, kind in GEOMETRIES if kind == FIXED]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("shape,attrs", FIXED_GEOMETRIES)
+def test_planned_max_pool_with_its_geometry_compiled_in(shape, attrs, dtype):
+    """A planned MaxPool of a fixed window runs a kernel with the plan's geometry compiled in
+    (not the one that reads it from its arguments): against the reference kernel bit for bit,
+    NaN and infinities included, serially and in parallel, with and without out=."""
+    x = _input(shape, dtype, seed=5, special=True)
+    want = OPS["MaxPool"].kernel(x, **attrs)
+    plan = pool._plan(x.shape, x.dtype, pool._tuple(attrs["kernel_shape"]),
+                      pool._tuple(attrs.get("strides")), pool._tuple(attrs.get("pads")), None,
+                      attrs.get("auto_pad", "NOTSET"), int(attrs.get("ceil_mode", 0)), 0)
+    compiled, tail = pool._max_call(plan, attrs["kernel_shape"], attrs.get("strides"), x.dtype,
+                                    compiled_geometry=True)
+    assert compiled is not pool._max_call(plan, attrs["kernel_shape"], attrs.get("strides"),
+                                          x.dtype)[0]
+    for variant in (compiled.serial, compiled.parallel):
+        out = np.full(want.shape, np.nan, dtype)
+        variant(x.reshape(-1), out.reshape(-1), *tail)
+        np.testing.assert_array_equal(out, want)
+    generic = partial(pool.max_pool, **attrs)
+    call = specialize(pool.max_pool, CallSite((x.shape,), (x.dtype,), (None,), dict(attrs),
+                                              (want.shape,), generic))
+    np.testing.assert_array_equal(call(x), want)
+    out = np.full(want.shape, np.nan, dtype)
+    assert call(x, out=out) is out
+    np.testing.assert_array_equal(out, want)
