@@ -1822,6 +1822,7 @@ def _direct_site(xshape, yshape, dtype, w_const, w_ready, b_const, b_ready, has_
     # (an out, its views): one tuple, read and written whole, so threads running the plan at
     # once each see a matching pair
     last_y = [(None, (None, ()))]
+    bound = [None]  # the epilogue's machine code (_jit.entry), bound at the first call
 
     def direct_at(X, W, B=None, out=None):
         if W is not w_const or (B is not b_const if has_bias else B is not None) or \
@@ -1845,7 +1846,11 @@ def _direct_site(xshape, yshape, dtype, w_const, w_ready, b_const, b_ready, has_
         for i in range(n):
             np.dot(w2, x3[i], out=ys[i])
         if finish:
-            pick(_epilogue)(y3, b_ready, has_bias, act)
+            if _jit._parallel:
+                _epilogue(y3, b_ready, has_bias, act)
+            else:
+                (bound[0] or _jit.bind(bound, _epilogue.serial, (y3, b_ready, has_bias, act)))(
+                    y3, b_ready, has_bias, act)
         return y
     return direct_at
 
@@ -1933,18 +1938,22 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
         args = (w_ready, yshape[1] // group, s[0], s[1], pb[0], pb[1], d[0], d[1], b_ready,
                 has_bias, act)
     serial = kernel.serial
+    bound = [None]  # serial's machine code for these types (_jit.entry), from the first call
 
     def depthwise_at(X, W, B=None, out=None):
         if W is not w_const or (B is not b_const if has_bias else B is not None) or \
                 X.shape != xshape or X.dtype != dtype or (out is not None and (
-                    out.shape != yshape or not out.flags.c_contiguous)) or (
-                    checked and not _all_finite(w_ready)):
+                    out.shape != yshape or out.dtype != dtype or not out.flags.c_contiguous)
+                ) or (checked and not _all_finite(w_ready)):
             return conv_at(X, W, B, out=out)
         sync_threads()
         if not X.flags.c_contiguous:
             X = np.ascontiguousarray(X)
         y = np.empty(yshape, dtype) if out is None else out
-        (kernel if _jit._parallel else serial)(X, *args, y)
+        if _jit._parallel:
+            kernel(X, *args, y)
+        else:
+            (bound[0] or _jit.bind(bound, serial, (X, *args, y)))(X, *args, y)
         return y
     return depthwise_at
 
@@ -1957,6 +1966,7 @@ def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, t
     b_ready = b_const if b_const is not _UNSET else _NO_BIAS[dtype]
     generic = site.generic
     kernel = _small_conv
+    bound, by_channels = [None], [None]  # the kernels' machine code (_jit.entry), bound at first
     w_cols = None
     if w_const is not _UNSET and _by_channels(table) and _immutable(w_const):
         w_cols = np.ascontiguousarray(w_const.reshape(wshape[0], -1).T).reshape(-1)
@@ -1983,7 +1993,10 @@ def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, t
             X = np.ascontiguousarray(X)
         y = np.empty(yshape, dtype) if out is None else out
         if w_cols is not None and W is w_const:
-            _small_conv_by_channels(X, w_cols, bias, table, y)
+            (by_channels[0] or _jit.bind(by_channels, _small_conv_by_channels,
+                                         (X, w_cols, bias, table, y)))(X, w_cols, bias, table, y)
+        elif W is w_const and bias is b_ready:  # the plan's own arrays: types fixed
+            (bound[0] or _jit.bind(bound, kernel, (X, W, bias, table, y)))(X, W, bias, table, y)
         else:
             kernel(X, W, bias, table, y)
         return y

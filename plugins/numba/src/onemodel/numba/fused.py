@@ -262,6 +262,7 @@ def _fused_at(site: CallSite):
     views = tuple((j, s if s != want else None) for j, (s, want) in enumerate(zip(shaped, shapes))
                   if j not in skip)
     last = [(None, None)]  # (a given out, its view): a plan hands the same buffer each run
+    bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
 
     # the shapes checked at each call: the baked constants are checked by identity instead
     n_inputs, checked = len(shapes), tuple(j for j in range(len(shapes)) if j not in skip)
@@ -287,7 +288,10 @@ def _fused_at(site: CallSite):
                 target = out.reshape(dims, copy=False)  # never write into a copy
                 last[0] = (out, target)
         args = [inputs[j] if v is None else inputs[j].reshape(v) for j, v in views]
-        (fn if _jit._parallel else fn.serial)(target, *args)
+        if _jit._parallel:
+            fn(target, *args)
+        else:
+            _run_serial(fn, bound, target, args, dtype)
         return out
     fused.baked = len(baked)
     if consts or n_inputs != 2:
@@ -309,11 +313,33 @@ def _fused_at(site: CallSite):
             if given is not out:
                 target = out.reshape(dims, copy=False)
                 last[0] = (out, target)
-        (fn if _jit._parallel else fn.serial)(target, a if v0 is None else a.reshape(v0),
-                                              b if v1 is None else b.reshape(v1))
+        x0 = a if v0 is None else a.reshape(v0)
+        x1 = b if v1 is None else b.reshape(v1)
+        if _jit._parallel:
+            fn(target, x0, x1)
+        elif b.dtype is dtype and x0.flags.c_contiguous and x1.flags.c_contiguous and \
+                target.flags.c_contiguous:  # the types bound at the first call (_run_serial)
+            (bound[0] or _jit.bind(bound, fn.serial, (target, x0, x1)))(target, x0, x1)
+        else:
+            fn.serial(target, x0, x1)
         return out
     fused2.baked = 0
     return _as_shaped(site, out_shape, baked, consts, fused2) if as_shaped else fused2
+
+
+def _run_serial(fn, bound: list, out, args, dtype) -> None:
+    """``fn.serial(out, *args)``; through the machine code bound at the first call
+    (:func:`onemodel.numba._jit.entry`, no typing of each argument) when every array is
+    C-contiguous and of the chain's dtype, the types that code was bound for. A call site's
+    arrays keep their ranks (their shapes are checked), so only those two can vary."""
+    if out.dtype is dtype and out.flags.c_contiguous:
+        for a in args:
+            if a.dtype is not dtype or not a.flags.c_contiguous:
+                break
+        else:
+            (bound[0] or _jit.bind(bound, fn.serial, (out, *args)))(out, *args)
+            return
+    fn.serial(out, *args)
 
 
 def _as_shaped(site: CallSite, out_shape: tuple, baked: tuple, consts: tuple, collapsed):
@@ -344,6 +370,8 @@ def _as_shaped(site: CallSite, out_shape: tuple, baked: tuple, consts: tuple, co
     contiguous = tuple(j for j in live if vector_math and not (
         isinstance(site.values[j], np.ndarray) and site.values[j].flags.c_contiguous))
 
+    bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
+
     def fused_as_shaped(*inputs, out=None):
         if len(inputs) != n_inputs:
             return generic(*inputs, out=out)
@@ -362,7 +390,10 @@ def _as_shaped(site: CallSite, out_shape: tuple, baked: tuple, consts: tuple, co
             out = np.empty(out_shape, dtype)
         elif out.shape != out_shape:
             return generic(*inputs, out=out)
-        (fn if _jit._parallel else fn.serial)(out, *take(inputs))
+        if _jit._parallel:
+            fn(out, *take(inputs))
+        else:
+            _run_serial(fn, bound, out, take(inputs), dtype)
         return out
     fused_as_shaped.baked = len(baked)
     return fused_as_shaped

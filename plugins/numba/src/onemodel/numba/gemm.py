@@ -91,6 +91,13 @@ def _fused_gemm_at(site: CallSite):
     rows_by_k = _rows_by_k(site, attrs, out_shape)
     if rows_by_k is not None:
         product = _skinny_product(rows_by_k, site.values[1], a_shape, out_shape, product)
+    # the bias whose calls run the epilogue's machine code bound at the first (_jit.entry):
+    # none, or the plan's constant as the contiguous row the kernel takes
+    c_const = site.values[2] if has_bias else no_bias
+    if not (isinstance(c_const, np.ndarray) and c_const.dtype == dtype and c_const.ndim == 1
+            and c_const.flags.c_contiguous):
+        c_const = None
+    bound = [None]
 
     def fused_gemm_at(A, B, C=None, out=None):
         if A.shape != a_shape or B.shape != b_shape or A.dtype != dtype or B.dtype != dtype or \
@@ -100,8 +107,12 @@ def _fused_gemm_at(site: CallSite):
         if not y.flags.c_contiguous:  # never through a copy of y
             return generic(A, B, C, out=out)
         sync_threads()
-        (_bias_act if _jit._parallel else _bias_act.serial)(y, C if has_bias else no_bias,
-                                                            has_bias, act)
+        bias = C if has_bias else no_bias
+        if _jit._parallel or y.shape != out_shape or y.dtype != dtype or bias is not c_const:
+            (_bias_act if _jit._parallel else _bias_act.serial)(y, bias, has_bias, act)
+        else:  # the plan's own bias (or none) and an output of the planned shape: types fixed
+            (bound[0] or _jit.bind(bound, _bias_act.serial, (y, bias, has_bias, act)))(
+                y, bias, has_bias, act)
         return y
     return fused_gemm_at
 

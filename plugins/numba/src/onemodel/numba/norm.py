@@ -310,8 +310,11 @@ def _batch_normalization_at(site: CallSite):
     planes = (shape[0], shape[1], math.prod(shape[2:]))
     generic = site.generic
 
+    bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
+
     def batch_normalization_at(X, scale, B, input_mean, input_var, out=None):
-        if X.shape != shape or X.dtype != dtype:
+        if X.shape != shape or X.dtype != dtype or (out is not None and (
+                out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous)):
             return generic(X, scale, B, input_mean, input_var, out=out)
         if folded is not None and scale is params[0] and B is params[1] and \
                 input_mean is params[2] and input_var is params[3]:
@@ -325,8 +328,12 @@ def _batch_normalization_at(site: CallSite):
             X = np.ascontiguousarray(X)
         if out is None:
             out = np.empty(shape, dtype)
-        (_affine_planes if _jit._parallel else _affine_planes.serial)(
-            X.reshape(planes), mul, add, out.reshape(planes))
+        x, y = X.reshape(planes), out.reshape(planes)
+        if _jit._parallel or folded is None or mul is not folded[0]:
+            (_affine_planes if _jit._parallel else _affine_planes.serial)(x, mul, add, y)
+        else:  # the plan's folded constants: the types are fixed
+            (bound[0] or _jit.bind(bound, _affine_planes.serial, (x, mul, add, y)))(
+                x, mul, add, y)
         return out
     return batch_normalization_at
 
@@ -377,6 +384,7 @@ def _layer_normalization_at(site: CallSite):
     flat = (rows, width)
     generic = site.generic
     keep_stats = any(s is not None for s in site.out_shapes[1:])
+    bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
 
     def layer_normalization_at(X, Scale, B=None):
         if X.shape != shape or X.dtype != dtype or (B is None) == has_bias:
@@ -401,7 +409,11 @@ def _layer_normalization_at(site: CallSite):
         out = np.empty(shape, dtype)
         kernel = _layer_norm if _jit._parallel else _layer_norm.serial
         if not keep_stats:
-            kernel(X, scale, bias, has_bias, eps, False, out, False, _NO_STATS, _NO_STATS)
+            if kernel is _layer_norm or scale is not s_row or (has_bias and bias is not b_row):
+                kernel(X, scale, bias, has_bias, eps, False, out, False, _NO_STATS, _NO_STATS)
+            else:  # the plan's own rows: the types are fixed
+                args = (X, scale, bias, has_bias, eps, False, out, False, _NO_STATS, _NO_STATS)
+                (bound[0] or _jit.bind(bound, kernel, args))(*args)
             return out, None, None
         mean = np.empty(stats, stash)
         inv = np.empty(stats, stash)
@@ -425,6 +437,8 @@ def _rms_normalization_at(site: CallSite):
         return None
     generic = site.generic
 
+    bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
+
     def rms_normalization_at(X, scale, out=None):
         if X.shape != shape or X.dtype != dtype:
             return generic(X, scale, out=out)
@@ -442,8 +456,12 @@ def _rms_normalization_at(site: CallSite):
             X = np.ascontiguousarray(X)
         if out is None:
             out = np.empty(shape, dtype)
-        (_layer_norm if _jit._parallel else _layer_norm.serial)(
-            X, sc, sc, False, eps, True, out, False, _NO_STATS, _NO_STATS)
+        if _jit._parallel or sc is not s_row:
+            (_layer_norm if _jit._parallel else _layer_norm.serial)(
+                X, sc, sc, False, eps, True, out, False, _NO_STATS, _NO_STATS)
+        else:  # the plan's own row: the types are fixed
+            args = (X, sc, sc, False, eps, True, out, False, _NO_STATS, _NO_STATS)
+            (bound[0] or _jit.bind(bound, _layer_norm.serial, args))(*args)
         return out
     return rms_normalization_at
 

@@ -520,7 +520,8 @@ def _out(out, shape, dtype):
         return np.empty(shape, dtype)
     if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
         raise OneModelError(f"out= must be a C-contiguous {dtype} array of shape {list(shape)}, "
-                            f"got {out.dtype}{list(out.shape)}")
+                            f"got {out.dtype}{list(out.shape)}"
+                            f"{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
     return out
 
 
@@ -842,6 +843,8 @@ def _pool_at(shape, dtype, oshape, kernel, x_flat, out_flat, tail, generic):
     """The specialized call of a pooling kernel: an input of the planned shape and dtype (and an
     ``out=`` as the contract promises) goes to ``kernel(X.reshape(x_flat),
     out.reshape(out_flat), *tail)``; anything else to the generic call."""
+    bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
+
     def pool_at(X, out=None):
         if X.shape != shape or X.dtype != dtype or (out is not None
                                                     and not _fits(out, oshape, dtype)):
@@ -851,8 +854,11 @@ def _pool_at(shape, dtype, oshape, kernel, x_flat, out_flat, tail, generic):
             X = np.ascontiguousarray(X)
         if out is None:
             out = np.empty(oshape, dtype)
-        (kernel if _jit._parallel else kernel.serial)(X.reshape(x_flat), out.reshape(out_flat),
-                                                      *tail)
+        x, y = X.reshape(x_flat), out.reshape(out_flat)
+        if _jit._parallel:
+            kernel(x, y, *tail)
+        else:
+            (bound[0] or _jit.bind(bound, kernel.serial, (x, y, *tail)))(x, y, *tail)
         return out
     return pool_at
 

@@ -282,16 +282,22 @@ def _rows_at(site: CallSite, log: bool):
     kernel = rows_kernel(dtype, width, log)
     generic = site.generic
 
+    bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
+
     def softmax_at(input, out=None):
-        if input.shape != shape or input.dtype != dtype:
+        if input.shape != shape or input.dtype != dtype or (out is not None and (
+                out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous)):
             return generic(input, out=out)
         sync_threads()
         if not input.flags.c_contiguous:
             input = np.ascontiguousarray(input)
         if out is None:
             out = np.empty(shape, dtype)
-        (kernel if _jit._parallel else kernel.serial)(input.reshape(flat), out.reshape(flat),
-                                                      log)
+        x, y = input.reshape(flat), out.reshape(flat)
+        if _jit._parallel:
+            kernel(x, y, log)
+        else:
+            (bound[0] or _jit.bind(bound, kernel.serial, (x, y, log)))(x, y, log)
         return out
     return softmax_at
 

@@ -1,0 +1,164 @@
+"""Planned calls that run their kernel's machine code bound at the first call
+(``onemodel.numba._jit.entry``), skipping numba's typing of each argument. That code reads its
+arrays with the first call's dtypes, ranks and layouts unchecked, so every later call that
+differs in any of them must take numba's dispatcher (or the generic call) instead: a strided
+input after a contiguous one, an input of another dtype of the same item size, a strided
+``out=``. Each case calls in such orders and compares with the generic call."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+
+from onemodel.numba import _jit, conv, fused, gemm, norm, pool, softmax
+from onemodel.tensors import OneModelError, threads
+from onemodel.tensors.ops.specialize import CallSite, specialize
+
+RNG = np.random.default_rng(11)
+
+
+def _x(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def _site(kernel, inputs, attrs, consts):
+    generic = partial(kernel, **attrs)
+    got = generic(*inputs)
+    outs = got if isinstance(got, tuple) else (got,)
+    # (a graph's LayerNormalization names only its first output, the statistics left out)
+    out_shapes = tuple(o.shape if o is not None and k == 0 else None for k, o in enumerate(outs))
+    return CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
+                    tuple(a if i in consts else None for i, a in enumerate(inputs)),
+                    dict(attrs), out_shapes, generic)
+
+
+def _strided(a):
+    big = np.full(a.shape[:-1] + (2 * a.shape[-1],), np.nan, a.dtype)
+    big[..., ::2] = a
+    return big[..., ::2]
+
+
+def _first(result):
+    return result[0] if isinstance(result, tuple) else result
+
+
+@pytest.fixture
+def binds(monkeypatch):
+    """The calls that bound a kernel's machine code (``_jit.bind``), counted."""
+    made = []
+    real = _jit.bind
+
+    def counting(slot, kernel, args):
+        made.append(kernel)
+        return real(slot, kernel, args)
+    monkeypatch.setattr(_jit, "bind", counting)
+    saved = threads.num_threads()
+    threads.set_num_threads(1)  # serial variants: the ones bound
+    yield made
+    threads.set_num_threads(saved)
+
+
+CASES = [
+    (fused.fused_elementwise, [_x(2, 6, 5, 7), _x(2, 6, 5, 7)], dict(program=("Add x0 x1",)),
+     ()),
+    (fused.fused_elementwise, [_x(2, 3, 40), _x(40)], dict(program=("Add x0 x1", "Relu t0")),
+     (1,)),
+    (fused.fused_elementwise, [_x(4, 9), _x(9), _x(4, 1)],
+     dict(program=("Mul x0 x1", "Add t0 x2", "Sigmoid t1")), ()),
+    (fused.fused_elementwise, [_x(2, 3, 4, 5), _x(1, 3, 1, 1), _x(2, 3, 4, 5)],
+     dict(program=("Mul x0 x1", "Add t0 x2")), ()),  # three inputs, collapsed to (2, 3, 20)
+    (fused.fused_elementwise, [_x(2, 5, 64), np.array(np.sqrt(2.0), np.float32),
+                               np.array(1.0, np.float32), np.array(0.5, np.float32)],
+     dict(program=("Div x0 x1", "Erf t0", "Add t1 x2", "Mul x0 t2", "Mul t3 x3")), (1, 2, 3)),
+    (pool.max_pool, [_x(2, 3, 9, 9)], dict(kernel_shape=(3, 3), strides=(2, 2)), ()),
+    (pool.average_pool, [_x(2, 3, 7, 6)], dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), ()),
+    (norm.batch_normalization, [_x(2, 3, 4, 4), _x(3), _x(3), _x(3), np.abs(_x(3)) + 0.5],
+     {}, (1, 2, 3, 4)),
+    (norm.layer_normalization, [_x(2, 5, 32), _x(32), _x(32)], {}, (1, 2)),
+    (norm.rms_normalization, [_x(2, 5, 32), _x(32)], {}, (1,)),
+    (softmax.softmax, [_x(3, 70)], {}, ()),
+    (gemm.fused_gemm, [_x(3, 7), _x(7, 5), _x(5)], {}, (1, 2)),
+    (conv.fused_conv, [_x(2, 8, 6, 6), _x(8, 1, 3, 3), _x(8)],
+     dict(group=8, pads=(1, 1, 1, 1), strides=(2, 2)), (1, 2)),  # depthwise
+    (conv.fused_conv, [_x(2, 4, 5, 5), _x(6, 4, 3, 3), _x(6)], dict(pads=(1, 1, 1, 1)),
+     (1, 2)),  # small
+    (conv.fused_conv, [_x(2, 40, 8, 8), _x(24, 40, 1, 1), _x(24)], {}, (1, 2)),  # 1x1 direct
+]
+IDS = [f"{c[0].__name__}-{i}" for i, c in enumerate(CASES)]
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", CASES, ids=IDS)
+def test_a_bound_call_equals_the_generic_one_in_any_order(kernel, inputs, attrs, consts, binds):
+    """Contiguous, strided and contiguous again, and strided first: every call gives the
+    generic call's values bit for bit; the machine code is bound once, at the first call
+    whose arrays it suits."""
+    site = _site(kernel, inputs, attrs, consts)
+    call = specialize(kernel, site)
+    assert call is not None
+    want = _first(site.generic(*inputs))
+    strided = [a if i in consts or not a.ndim else _strided(a) for i, a in enumerate(inputs)]
+    for args in (strided, inputs, strided, inputs, strided):
+        got = _first(call(*args))
+        assert np.array_equal(got, want, equal_nan=True)
+    assert len(binds) == 1  # bound at the first contiguous call, never again
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts",
+                         [c for c in CASES if c[0] is fused.fused_elementwise],
+                         ids=[i for i, c in zip(IDS, CASES) if c[0] is fused.fused_elementwise])
+def test_an_input_of_another_dtype_never_reaches_the_bound_code(kernel, inputs, attrs, consts,
+                                                                 binds):
+    """A chain's later input of another dtype of the same item size (int32 for float32), after
+    the code was bound for float32: read as float32 bits it would be silently wrong."""
+    site = _site(kernel, inputs, attrs, consts)
+    call = specialize(kernel, site)
+    call(*inputs)
+    assert len(binds) == 1
+    for j in range(1, len(inputs)):
+        if j in consts:
+            continue
+        other = list(inputs)
+        other[j] = np.round(inputs[j] * 10).astype(np.int32)
+        assert np.array_equal(_first(call(*other)), _first(site.generic(*other)),
+                              equal_nan=True)
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts",
+                         [c for c in CASES if c[0] in (fused.fused_elementwise, pool.max_pool,
+                                                       norm.batch_normalization, softmax.softmax,
+                                                       conv.fused_conv)],
+                         ids=[i for i, c in zip(IDS, CASES)
+                              if c[0] in (fused.fused_elementwise, pool.max_pool,
+                                          norm.batch_normalization, softmax.softmax,
+                                          conv.fused_conv)])
+def test_a_strided_out_is_filled_or_refused(kernel, inputs, attrs, consts, binds):
+    """After the bound call, a strided ``out=`` is filled with the generic call's values or
+    refused with a OneModelError (the bound code writes only contiguous arrays)."""
+    site = _site(kernel, inputs, attrs, consts)
+    call = specialize(kernel, site)
+    want = _first(site.generic(*inputs))
+    out = np.full(want.shape, np.nan, want.dtype)
+    assert call(*inputs, out=out) is out and np.array_equal(out, want, equal_nan=True)
+    assert len(binds) == 1
+    strided = _strided(np.zeros(want.shape, want.dtype))
+    try:
+        call(*inputs, out=strided)
+    except OneModelError as exc:  # the out= contract refused, by name: never filled wrongly
+        assert "C-contiguous" in str(exc)
+    else:
+        assert np.array_equal(strided, want, equal_nan=True)
+
+
+def test_entry_is_the_dispatchers_code_for_those_types():
+    """``_jit.entry`` compiles (or loads) the overload numba would pick for these arguments."""
+    x = _x(2, 3, 4, 4)
+    y = np.empty_like(x)
+    kernel = norm._affine_planes.serial
+    args = (x.reshape(2, 3, 16), _x(3), _x(3), y.reshape(2, 3, 16))
+    run = _jit.entry(kernel, args)
+    run(*args)
+    want = np.empty_like(y)
+    kernel(args[0], args[1], args[2], want.reshape(2, 3, 16))
+    assert np.array_equal(y, want)
