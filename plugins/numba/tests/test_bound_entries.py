@@ -78,6 +78,8 @@ CASES = [
      {}, (1, 2, 3, 4)),
     (norm.layer_normalization, [_x(2, 5, 32), _x(32), _x(32)], {}, (1, 2)),
     (norm.rms_normalization, [_x(2, 5, 32), _x(32)], {}, (1,)),
+    (norm.skip_layer_normalization, [_x(2, 5, 32), _x(2, 5, 32), _x(32), _x(32), _x(32)], {},
+     (2, 3, 4)),
     (softmax.softmax, [_x(3, 70)], {}, ()),
     (gemm.fused_gemm, [_x(3, 7), _x(7, 5), _x(5)], {}, (1, 2)),
     (conv.fused_conv, [_x(2, 8, 6, 6), _x(8, 1, 3, 3), _x(8)],

@@ -498,6 +498,8 @@ def _skip_layer_normalization_at(site: CallSite):
     beta_row = scale if beta is None else beta
     bias_row = scale if bias is None else bias
 
+    bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
+
     def skip_layer_normalization_at(X, Skip, Scale, B=None, Bias=None):
         if X.shape != x_shape or Skip.shape != skip_shape or X.dtype != dtype or \
                 Skip.dtype != dtype or Scale is not scale or B is not beta or Bias is not bias:
@@ -505,10 +507,13 @@ def _skip_layer_normalization_at(site: CallSite):
         sync_threads()
         out = np.empty(x_shape, dtype)
         total = np.empty(x_shape, dtype) if keep_sum else out
-        (_skip_layer_norm if _jit._parallel else _skip_layer_norm.serial)(
-            X if X.flags.c_contiguous else np.ascontiguousarray(X),
-            Skip if Skip.flags.c_contiguous else np.ascontiguousarray(Skip),
-            bias_row, has_bias, scale, beta_row, has_beta, eps, out, total, keep_sum)
+        args = (X if X.flags.c_contiguous else np.ascontiguousarray(X),
+                Skip if Skip.flags.c_contiguous else np.ascontiguousarray(Skip),
+                bias_row, has_bias, scale, beta_row, has_beta, eps, out, total, keep_sum)
+        if _jit._parallel:
+            _skip_layer_norm(*args)
+        else:  # the plan's own constants, its arrays checked: the types are fixed
+            (bound[0] or _jit.bind(bound, _skip_layer_norm.serial, args))(*args)
         return out, (total if keep_sum else None)
     return skip_layer_normalization_at
 
