@@ -164,3 +164,26 @@ def test_entry_is_the_dispatchers_code_for_those_types():
     want = np.empty_like(y)
     kernel(args[0], args[1], args[2], want.reshape(2, 3, 16))
     assert np.array_equal(y, want)
+
+
+def _unaligned(a):
+    """The same values in memory one byte off the item size's alignment."""
+    buf = bytearray(a.nbytes + 1)
+    buf[1:] = a.tobytes()
+    out = np.frombuffer(buf, a.dtype, offset=1).reshape(a.shape)
+    assert not out.flags.aligned and out.flags.c_contiguous
+    return out
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", [CASES[0], CASES[2], CASES[-3]],
+                         ids=[IDS[0], IDS[2], IDS[-3]])
+def test_unaligned_inputs_after_aligned_ones(kernel, inputs, attrs, consts, binds):
+    """Code bound for aligned arrays (numba types alignment too) reads unaligned ones right
+    (on x86 its loads take any address)."""
+    site = _site(kernel, inputs, attrs, consts)
+    call = specialize(kernel, site)
+    want = _first(site.generic(*inputs))
+    assert np.array_equal(_first(call(*inputs)), want, equal_nan=True)
+    odd = [a if i in consts or not a.ndim else _unaligned(a) for i, a in enumerate(inputs)]
+    assert np.array_equal(_first(call(*odd)), want, equal_nan=True)
+    assert len(binds) == 1
