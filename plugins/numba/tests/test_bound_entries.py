@@ -187,3 +187,47 @@ def test_unaligned_inputs_after_aligned_ones(kernel, inputs, attrs, consts, bind
     odd = [a if i in consts or not a.ndim else _unaligned(a) for i, a in enumerate(inputs)]
     assert np.array_equal(_first(call(*odd)), want, equal_nan=True)
     assert len(binds) == 1
+
+
+_WRITES_OUT = (fused.fused_elementwise, pool.max_pool, pool.average_pool,
+               norm.batch_normalization, norm.rms_normalization, softmax.softmax, conv.fused_conv)
+OUT_CASES = [c for c in CASES if c[0] in _WRITES_OUT]
+OUT_IDS = [i for i, c in zip(IDS, CASES) if c[0] in _WRITES_OUT]
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", OUT_CASES, ids=OUT_IDS)
+def test_a_read_only_or_other_dtype_out_never_takes_the_bound_code(kernel, inputs, attrs,
+                                                                    consts, binds):
+    """After the code is bound, a read-only ``out=`` is refused and left as it was (the bound
+    code would write into it), and an ``out=`` of another dtype of the same item size gets
+    what the generic call gives it, or is refused as the generic call refuses it (the bound
+    code would write float32 bits into it)."""
+    site = _site(kernel, inputs, attrs, consts)
+    call = specialize(kernel, site)
+    want = _first(site.generic(*inputs))
+    call(*inputs)
+    assert len(binds) == 1
+    raw = bytes(want.nbytes)
+    read_only = np.frombuffer(raw, want.dtype).reshape(want.shape)
+    with pytest.raises(_refusal(site.generic, inputs, np.frombuffer(bytes(want.nbytes),
+                                                                    want.dtype).reshape(want.shape))):
+        call(*inputs, out=read_only)
+    assert raw == bytes(want.nbytes)
+    for dtype in (np.int32, np.dtype(">f4")):
+        got, expected = np.zeros(want.shape, dtype), np.zeros(want.shape, dtype)
+        refused = _refusal(site.generic, inputs, expected)
+        if refused is not None:
+            with pytest.raises(refused):
+                call(*inputs, out=got)
+            continue
+        call(*inputs, out=got)
+        assert np.array_equal(got, expected, equal_nan=True)
+
+
+def _refusal(generic, inputs, out):
+    """The type of error the generic call raises for this ``out=``, or None when it fills it."""
+    try:
+        generic(*inputs, out=out)
+    except Exception as exc:  # whichever it is, the planned call must refuse alike
+        return type(exc)
+    return None

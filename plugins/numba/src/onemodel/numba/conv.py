@@ -1943,7 +1943,7 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
     def depthwise_at(X, W, B=None, out=None):
         if W is not w_const or (B is not b_const if has_bias else B is not None) or \
                 X.shape != xshape or X.dtype != dtype or (out is not None and (
-                    out.shape != yshape or out.dtype != dtype or not out.flags.c_contiguous)
+                    out.shape != yshape or out.dtype != dtype or not out.flags.carray)
                 ) or (checked and not _all_finite(w_ready)):
             return conv_at(X, W, B, out=out)
         sync_threads()
@@ -1975,7 +1975,7 @@ def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, t
     def conv_small_at(X, W, B=None, out=None):
         if X.shape != xshape or X.dtype != dtype or (B is None) == has_bias or (
                 out is not None and (out.shape != yshape or out.dtype != dtype or
-                                     not out.flags.c_contiguous)):
+                                     not out.flags.carray)):
             # the kernel writes a C-contiguous output unchecked: any other out goes to the
             # generic call, which fills a strided one and refuses one of another shape
             return generic(X, W, B, out=out)

@@ -317,8 +317,8 @@ def _fused_at(site: CallSite):
         x1 = b if v1 is None else b.reshape(v1)
         if _jit._parallel:
             fn(target, x0, x1)
-        elif b.dtype is dtype and x0.flags.c_contiguous and x1.flags.c_contiguous and \
-                target.flags.c_contiguous:  # the types bound at the first call (_run_serial)
+        elif b.dtype is dtype and target.dtype is dtype and target.flags.carray and \
+                x0.flags.c_contiguous and x1.flags.c_contiguous:  # as _run_serial checks
             (bound[0] or _jit.bind(bound, fn.serial, (target, x0, x1)))(target, x0, x1)
         else:
             fn.serial(target, x0, x1)
@@ -332,7 +332,7 @@ def _run_serial(fn, bound: list, out, args, dtype) -> None:
     (:func:`onemodel.numba._jit.entry`, no typing of each argument) when every array is
     C-contiguous and of the chain's dtype, the types that code was bound for. A call site's
     arrays keep their ranks (their shapes are checked), so only those two can vary."""
-    if out.dtype is dtype and out.flags.c_contiguous:
+    if out.dtype is dtype and out.flags.carray:
         for a in args:
             if a.dtype is not dtype or not a.flags.c_contiguous:
                 break

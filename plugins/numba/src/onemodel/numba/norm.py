@@ -314,7 +314,7 @@ def _batch_normalization_at(site: CallSite):
 
     def batch_normalization_at(X, scale, B, input_mean, input_var, out=None):
         if X.shape != shape or X.dtype != dtype or (out is not None and (
-                out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous)):
+                out.shape != shape or out.dtype != dtype or not out.flags.carray)):
             return generic(X, scale, B, input_mean, input_var, out=out)
         if folded is not None and scale is params[0] and B is params[1] and \
                 input_mean is params[2] and input_var is params[3]:
@@ -449,7 +449,7 @@ def _rms_normalization_at(site: CallSite):
         else:
             sc = _param(scale, tail, width, dtype)
         if out is not None and (out.shape != shape or out.dtype != dtype or
-                                not out.flags.c_contiguous):
+                                not out.flags.carray):
             return generic(X, scale, out=out)
         sync_threads()
         if not X.flags.c_contiguous:

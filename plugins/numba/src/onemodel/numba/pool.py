@@ -518,10 +518,11 @@ def _out(out, shape, dtype):
     what the out= contract promises (a C-contiguous array of this shape and dtype)."""
     if out is None:
         return np.empty(shape, dtype)
-    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
-        raise OneModelError(f"out= must be a C-contiguous {dtype} array of shape {list(shape)}, "
-                            f"got {out.dtype}{list(out.shape)}"
-                            f"{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
+    if out.shape != shape or out.dtype != dtype or not out.flags.carray:
+        raise OneModelError(f"out= must be a writeable C-contiguous {dtype} array of shape "
+                            f"{list(shape)}, got {out.dtype}{list(out.shape)}"
+                            f"{'' if out.flags.c_contiguous else ' (not C-contiguous)'}"
+                            f"{'' if out.flags.writeable else ' (read-only)'}")
     return out
 
 
@@ -836,7 +837,7 @@ def _planned(site: CallSite, include_pad=0):
 
 def _fits(out, oshape, dtype) -> bool:
     """Whether ``out`` is what the out= contract promises (else the generic call says so)."""
-    return out.shape == oshape and out.dtype == dtype and out.flags.c_contiguous
+    return out.shape == oshape and out.dtype == dtype and out.flags.carray
 
 
 def _pool_at(shape, dtype, oshape, kernel, x_flat, out_flat, tail, generic):

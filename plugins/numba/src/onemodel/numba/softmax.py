@@ -286,7 +286,7 @@ def _rows_at(site: CallSite, log: bool):
 
     def softmax_at(input, out=None):
         if input.shape != shape or input.dtype != dtype or (out is not None and (
-                out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous)):
+                out.shape != shape or out.dtype != dtype or not out.flags.carray)):
             return generic(input, out=out)
         sync_threads()
         if not input.flags.c_contiguous:
