@@ -231,3 +231,20 @@ def _refusal(generic, inputs, out):
     except Exception as exc:  # whichever it is, the planned call must refuse alike
         return type(exc)
     return None
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", [CASES[0], CASES[2], CASES[-1]],
+                         ids=[IDS[0], IDS[2], IDS[-1]])
+def test_an_out_made_read_only_after_use_is_not_written(kernel, inputs, attrs, consts, binds):
+    """The calls that keep views of the out= they were last given (a plan hands the same
+    buffer each run) notice when that array has been made read-only since."""
+    site = _site(kernel, inputs, attrs, consts)
+    call = specialize(kernel, site)
+    want = _first(site.generic(*inputs))
+    out = np.zeros(want.shape, want.dtype)
+    assert call(*inputs, out=out) is out and np.array_equal(out, want)
+    out[...] = 0
+    out.flags.writeable = False
+    with pytest.raises(_refusal(site.generic, inputs, out)):
+        call(*inputs, out=out)
+    assert not out.any()

@@ -1839,7 +1839,8 @@ def _direct_site(xshape, yshape, dtype, w_const, w_ready, b_const, b_ready, has_
         else:
             y = out
             given, (y3, ys) = last_y[0]
-            if given is not out:
+            # (a view kept of an out made read-only since would still be writeable)
+            if given is not out or not out.flags.writeable:
                 y3 = out.reshape(n, m, length)
                 ys = tuple(y3)
                 last_y[0] = (out, (y3, ys))

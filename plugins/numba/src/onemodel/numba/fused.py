@@ -284,7 +284,8 @@ def _fused_at(site: CallSite):
             target = out.reshape(dims)
         else:
             given, target = last[0]  # one tuple: read and written whole, so threads agree
-            if given is not out:
+            # (a view kept of an out made read-only since would still be writeable)
+            if given is not out or not out.flags.writeable:
                 target = out.reshape(dims, copy=False)  # never write into a copy
                 last[0] = (out, target)
         args = [inputs[j] if v is None else inputs[j].reshape(v) for j, v in views]
@@ -310,7 +311,8 @@ def _fused_at(site: CallSite):
             target = out.reshape(dims)
         else:
             given, target = last[0]
-            if given is not out:
+            # (a view kept of an out made read-only since would still be writeable)
+            if given is not out or not out.flags.writeable:
                 target = out.reshape(dims, copy=False)
                 last[0] = (out, target)
         x0 = a if v0 is None else a.reshape(v0)
