@@ -190,6 +190,24 @@ def test_an_out_the_products_cannot_write_goes_to_the_generic_kernel(a_shape, b_
         call(a, b, out=np.empty(want.shape[:-1] + (want.shape[-1] + 1,), np.float32))
 
 
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 3, 4), (4, 5)), ((3, 4), (4, 5))])
+def test_an_out_made_read_only_after_use_is_refused(a_shape, b_shape):
+    """The planned product keeps a 2-D view of the out= it was last given (a plan hands the
+    same buffer each run); that array made read-only since is refused as the generic kernel
+    refuses it, not written through the kept view."""
+    a, b = _x(*a_shape), _x(*b_shape)
+    call = specialize(OPS["MatMul"].kernel, _site("MatMul", [a, b], {}))
+    want = a @ b
+    out = np.zeros(want.shape, np.float32)
+    assert call(a, b, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    out[...] = 0
+    out.flags.writeable = False
+    with pytest.raises(ShapeError, match="read-only"):
+        call(a, b, out=out)
+    assert not out.any()
+
+
 @pytest.mark.parametrize("shape,sizes,attrs", [
     ((2, 5, 12), [4, 4, 4], {"axis": -1}),
     ((6, 7), [1, 5], {"axis": 0}),

@@ -116,8 +116,8 @@ def _matmul_at(site: CallSite):
             if A.shape != a_shape or B.shape != b_shape or A.dtype != dtype or \
                     B.dtype != dtype or (out is not None and (
                         out.shape != out_shape or out.dtype != dtype or
-                        not out.flags.c_contiguous)):  # np.dot writes only such an out
-                return site.generic(A, B, out=out)
+                        not out.flags.carray)):  # np.dot writes only such an out (the 2-D
+                return site.generic(A, B, out=out)  # view kept of one made read-only too)
             return _rows_into(A, B, np.empty(out_shape, dtype) if out is None else out, rows)
         return matmul_rows
     if dtype in _BLAS_DTYPES and site.dtypes[1] == dtype and len(b_shape) == 2 and \
@@ -132,8 +132,8 @@ def _matmul_at(site: CallSite):
             if A.shape != a_shape or B.shape != b_shape or A.dtype != dtype or \
                     B.dtype != dtype or (out is not None and (
                         out.shape != out_shape or out.dtype != dtype or
-                        not out.flags.c_contiguous)):  # np.dot writes only such an out
-                return site.generic(A, B, out=out)
+                        not out.flags.carray)):  # np.dot writes only such an out (the 2-D
+                return site.generic(A, B, out=out)  # view kept of one made read-only too)
             if out is None:
                 out = np.empty(out_shape, dtype)
                 if flat:
