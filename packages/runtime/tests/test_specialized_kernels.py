@@ -58,6 +58,14 @@ CASES = [
     ("ReduceMean", [_x(2, 5, 32), _c([0, 2])], {"keepdims": 0}),
     ("ReduceMean", [_x(2, 5, 32, dtype=np.float64)], {"keepdims": 1}),
     ("ReduceMean", [_x(4, 6)], {"keepdims": 0}),  # a 0-d result: the generic kernel
+    ("Pad", [_x(2, 3, 4, 5), _c([0, 0, 1, 2, 0, 0, 3, 1])], {}),
+    ("Pad", [_x(1, 8, 8, 16), _c([0, 0, 0, 0, 0, 1, 1, 0])], {"mode": "constant"}),
+    ("Pad", [_x(2, 5, 6, dtype=np.int64) * 9, _c([1, 0, 2, 3]), _c(-5), _c([2, -2])], {}),
+    ("Pad", [_x(3, 4, dtype=np.int64), _c([2, 2, 2, 2]), _c(7)], {}),
+    ("Pad", [_x(0, 3), _c([1, 1, 1, 1])], {}),  # an empty input: only the value
+    ("Pad", [_x(4, 6), _c([-1, 2, 1, -2])], {}),  # a crop: the generic kernel
+    ("Pad", [_x(4, 6), _c([1, 2, 1, 2])], {"mode": "reflect"}),  # the generic kernel
+    ("Pad", [_x(4, 6), _c([1, 2, 1, 2]), _x(1)], {}),  # a value fed at run time: generic
 ]
 
 
