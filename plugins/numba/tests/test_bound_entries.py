@@ -12,7 +12,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from onemodel.numba import _jit, conv, fused, gemm, norm, pool, softmax
+from onemodel.numba import _jit, conv, fused, gemm, norm, pool, reduction, softmax
 from onemodel.tensors import OneModelError, threads
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
@@ -80,6 +80,7 @@ CASES = [
     (norm.rms_normalization, [_x(2, 5, 32), _x(32)], {}, (1,)),
     (norm.skip_layer_normalization, [_x(2, 5, 32), _x(2, 5, 32), _x(32), _x(32), _x(32)], {},
      (2, 3, 4)),
+    (reduction.reduce_mean, [_x(2, 5, 3, 4), np.array([2, 3])], {}, (1,)),
     (softmax.softmax, [_x(3, 70)], {}, ()),
     (gemm.fused_gemm, [_x(3, 7), _x(7, 5), _x(5)], {}, (1, 2)),
     (conv.fused_conv, [_x(2, 8, 6, 6), _x(8, 1, 3, 3), _x(8)],

@@ -12,7 +12,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from onemodel.numba import attention, conv, fused, gemm, norm, pool, softmax
+from onemodel.numba import attention, conv, fused, gemm, norm, pool, reduction, softmax
 from onemodel.tensors import OneModelError
 from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops import OPS
@@ -106,6 +106,11 @@ CASES = [
      dict(program=GELU), (1, 2, 3), True),
     (fused.fused_elementwise, [_x(3, 4), np.array([[np.inf]]), _x(4)],
      dict(program=("Mul x0 x1", "Add t0 x2")), (1,), True),
+    (reduction.reduce_mean, [_x(2, 32, 1, 1), np.array([-2, -1])], {}, (1,), False),
+    (reduction.reduce_mean, [_x(2, 5, 3, 4), np.array([3, 1, 2])], dict(keepdims=0), (1,),
+     False),
+    (reduction.reduce_mean, [_x(3, 7)], {}, (), False),  # every axis
+    (reduction.reduce_mean, [_x(3, 7)], dict(keepdims=0), (), False),  # to a 0-d array
 ]
 DTYPES = (np.float32, np.float64)
 
@@ -143,7 +148,8 @@ def _strided(a):
 
 
 def _cast(inputs, dtype):
-    return [a.astype(dtype) for a in inputs]
+    """The float inputs in ``dtype``; integer ones (ReduceMean's axes) as they are."""
+    return [a.astype(dtype) if a.dtype.kind == "f" else a for a in inputs]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -159,7 +165,7 @@ def test_specialized_equals_generic(kernel, inputs, attrs, consts, writes_out, d
     for _ in range(2):  # a second call: nothing planned is consumed by the first
         _same(call(*inputs), generic(*inputs))
     # inputs of the planned shapes but strided, and non-constant copies of the constants
-    others = [_strided(a) if a.ndim else a.copy() for a in inputs]
+    others = [_strided(a) if a.ndim and a.dtype.kind == "f" else a.copy() for a in inputs]
     _same(call(*others), generic(*inputs))
     if writes_out:
         want = generic(*inputs)
