@@ -73,6 +73,12 @@ CASES = [
     ("ReduceMean", [(2, 5, 4, 3), ("const", [-2, -1])], {}),
     ("ReduceMean", [(3, 7, 33), ("const", [2])], {}),
     ("ReduceMean", [(4, 6), None], dict(keepdims=0)),
+    ("InstanceNormalization", [(2, 5, 7, 3), (5,), (5,)], dict(epsilon=1e-3)),
+    ("InstanceNormalization", [(3, 4, 11), (4,), (4,)], {}),
+    ("GroupNormalization", [(2, 6, 5, 4), (6,), (6,)], dict(num_groups=3)),
+    ("GroupNormalization", [(2, 8, 9), (8,), (8,)], dict(num_groups=8, epsilon=1e-2)),
+    ("GroupNormalization", [(1, 4, 2, 3, 2), (4,), (4,)], dict(num_groups=1)),
+    ("GroupNormalization", [(0, 4, 3, 3), (4,), (4,)], dict(num_groups=2)),
     ("LRN", [(2, 9, 5, 4)], dict(size=5, alpha=1e-2, beta=0.75, bias=2.0)),
     ("LRN", [(1, 4, 3, 3)], dict(size=2)),
     ("Erf", [(7, 131)], {}),
@@ -182,6 +188,20 @@ CASES = [
     ("Resize", [(2, 3, 5, 7), None, None, ("const", [2, 3, 11, 13])], dict(mode="linear")),
     ("Resize", [(1, 4, 9, 8), None, ("const", [1.0, 1.0, 0.5, 1.75]), None],
      dict(mode="cubic", coordinate_transformation_mode="align_corners")),
+    # recurrent: every optional input, both directions in the batch-major layout, a hidden
+    # size that is not a multiple of eight (the product's tail), GRU's two forms, no steps
+    ("LSTM", [(5, 3, 4), (1, 24, 4), (1, 24, 6), (1, 48), None, (1, 3, 6), (1, 3, 6), (1, 18)],
+     {}),
+    ("LSTM", [(3, 5, 4), (2, 16, 4), (2, 16, 4)],
+     dict(direction="bidirectional", layout=1, input_forget=1)),
+    ("LSTM", [(4, 2, 3), (1, 36, 3), (1, 36, 9), (1, 72)], dict(direction="reverse",
+                                                               hidden_size=9)),
+    ("LSTM", [(0, 2, 3), (1, 16, 3), (1, 16, 4)], {}),
+    ("GRU", [(6, 2, 5), (1, 21, 5), (1, 21, 7), (1, 42), None, (1, 2, 7)],
+     dict(linear_before_reset=1)),
+    ("GRU", [(4, 3, 3), (2, 48, 3), (2, 48, 16), (2, 96)], dict(direction="bidirectional")),
+    ("GRU", [(2, 5, 3), (1, 30, 3), (1, 30, 10)], dict(direction="reverse", layout=1,
+                                                       linear_before_reset=1)),
 ]
 
 # ops whose numba kernel claims float32 only: for float64 its supports check must refuse
@@ -314,7 +334,7 @@ def test_fused_literal_ops_follow_the_reference_on_special_values():
 
 
 @pytest.mark.parametrize("op", ["Conv", "LayerNormalization", "Gelu", "Softmax", "MaxPoolGrad",
-                                "GlobalAveragePool", "FusedGemm"])
+                                "GlobalAveragePool", "FusedGemm", "LSTM", "GRU"])
 def test_the_reference_stays_the_fallback(op):
     """Calls a numba kernel does not cover (float16, 3-D convolution, the tanh Gelu) are
     refused by its supports check, so kernel choice falls through to the reference kernel."""
@@ -349,6 +369,15 @@ def test_the_reference_stays_the_fallback(op):
         assert not supports(a, b, c.astype(np.float64))
         assert not supports(a.astype(np.float16), b.astype(np.float16))
         assert not supports(a, b, c, activation="LeakyRelu")
+    elif op in ("LSTM", "GRU"):  # other activations, a clip, sequence lengths, float16
+        g = 4 if op == "LSTM" else 3
+        x, w, r = (np.zeros(s, np.float32) for s in ((5, 2, 3), (1, 4 * g, 3), (1, 4 * g, 4)))
+        assert supports(x, w, r)
+        assert not supports(x, w, r, activations=["Relu"] * (g - 1))
+        assert not supports(x, w, r, clip=1.0)
+        assert not supports(x, w, r, None, np.full(2, 5, np.int32))
+        assert not supports(x.astype(np.float16), w.astype(np.float16), r.astype(np.float16))
+        assert not supports(x, w, r.astype(np.float64))
     else:
         assert not supports(np.zeros((2, 3), np.float32), approximate="tanh")
         assert not supports(np.zeros((2, 3), np.float16))
@@ -476,6 +505,26 @@ def test_skip_layer_norm_with_a_residual_broadcast_inside_rows_takes_the_referen
     for got, want in zip(kernel(x, skip, scale), OPS["SkipLayerNormalization"].kernel(x, skip,
                                                                                       scale)):
         np.testing.assert_allclose(got, want, **TOL[np.float32])
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_recurrent_calls_it_does_not_cover_take_the_reference(op):
+    """The kernel itself hands the reference what its loops do not compute (a clip, other
+    activations, sequence lengths), with the reference's values and errors."""
+    kernel = registry.resolve(plugin.KERNELS[op][0])
+    g = 4 if op == "LSTM" else 3
+    rng = np.random.default_rng(3)
+    x, w, r = (rng.standard_normal(s).astype(np.float32)
+               for s in ((5, 2, 3), (1, g * 4, 3), (1, g * 4, 4)))
+    lens = np.array([5, 2], np.int32)
+    for args, attrs in (((x, w, r), dict(clip=0.5)),
+                        ((x, w, r), dict(activations=["HardSigmoid"] + ["Relu"] * (g - 2))),
+                        ((x, w, r, None, lens), {})):
+        want = OPS[op].kernel(*args, **attrs)
+        for got, exp in zip(kernel(*args, **attrs), want):
+            np.testing.assert_array_equal(got, exp)
+    with pytest.raises(ValueError):  # the reference's error for a length past the sequence
+        kernel(x, w, r, None, np.array([6, 2], np.int32))
 
 
 @pytest.mark.parametrize("axes, kwargs", [([1], {}), ([0, 2], {}), ([1, 1], {}), ([], {}),

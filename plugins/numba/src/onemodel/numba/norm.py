@@ -17,6 +17,8 @@ from . import _jit
 from ._jit import jit, pick, sync_threads
 from .support import skip_norm
 
+U = np.uint64  # unsigned offsets: indexing without negative-index checks, which vectorizes
+
 
 @jit(parallel=True)
 def _affine_planes(x, mul, add, out):
@@ -143,6 +145,70 @@ def _lrn(x, alpha, beta, bias, size, out):
         else:
             for q in range(length):
                 dst[q] = src[q] / (bias + scale * acc[q]) ** beta
+
+
+@jit(parallel=True, fastmath={"reassoc"})
+def _group_norm(x, scale, bias, groups, eps, out):
+    """Each instance's groups of ``C // groups`` channels (``x`` (N, C, L), C-contiguous)
+    normalized by their mean and variance (float64 sums, reassociated into vector lanes), then
+    each channel's ``scale`` and ``bias``: ``(x - mean) * inv * scale + bias`` in x's dtype, the
+    reference's order of operations. One task per (instance, group)."""
+    n_img, ch, length = x.shape
+    cg = ch // groups
+    count = cg * length
+    xf = x.reshape(x.size)
+    of = out.reshape(out.size)
+    for t in prange(n_img * groups):
+        base = t * count  # a group's channels are adjacent: one contiguous run
+        total = 0.0
+        for q in range(count):
+            total += xf[U(base + q)]
+        mean64 = total / count
+        sq = 0.0
+        for q in range(count):
+            d = xf[U(base + q)] - mean64
+            sq += d * d
+        stats = np.empty(2, x.dtype)  # the mean and 1/std rounded to x's dtype, as the
+        stats[0] = mean64  # reference's (the stats of float32 arrays are float32)
+        stats[1] = 1.0 / math.sqrt(sq / count + eps)
+        mean, inv = stats[0], stats[1]
+        first = (t % groups) * cg
+        for k in range(cg):
+            a = scale[first + k]
+            b = bias[first + k]
+            row = base + k * length
+            for q in range(length):
+                of[U(row + q)] = (xf[U(row + q)] - mean) * inv * a + b
+
+
+def _grouped(X, scale, bias, groups, epsilon):
+    sync_threads()
+    X = np.ascontiguousarray(X)
+    out = np.empty_like(X)
+    pick(_group_norm)(_planes(X), np.ascontiguousarray(scale, X.dtype),
+                      np.ascontiguousarray(bias, X.dtype), int(groups), float(epsilon),
+                      _planes(out))
+    return out
+
+
+def instance_normalization(input, scale, B, *, epsilon=1e-5):
+    """InstanceNormalization: one group per channel."""
+    if input.size == 0:
+        from onemodel.tensors.ops import OPS
+
+        return OPS["InstanceNormalization"].kernel(input, scale, B, epsilon=epsilon)
+    return _grouped(input, scale, B, input.shape[1], epsilon)
+
+
+def group_normalization(X, scale, bias, *, epsilon=1e-5, num_groups=None, stash_type=1):
+    """GroupNormalization (opset 21: per-channel scale and bias). A channel count the groups do
+    not divide, or an empty tensor, goes to the reference (which says what is wrong)."""
+    if X.size == 0 or not num_groups or X.shape[1] % num_groups:
+        from onemodel.tensors.ops import OPS
+
+        return OPS["GroupNormalization"].kernel(X, scale, bias, epsilon=epsilon,
+                                                num_groups=num_groups, stash_type=stash_type)
+    return _grouped(X, scale, bias, num_groups, epsilon)
 
 
 def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,

@@ -24,6 +24,8 @@ KERNELS: dict[str, tuple[str, str]] = {
     "RMSNormalization": (f"{_K}.norm:rms_normalization", f"{_K}.support:rms_norm"),
     "SkipLayerNormalization": (f"{_K}.norm:skip_layer_normalization", f"{_K}.support:skip_norm"),
     "LRN": (f"{_K}.norm:lrn", f"{_K}.support:lrn"),
+    "InstanceNormalization": (f"{_K}.norm:instance_normalization", f"{_K}.support:group_norm"),
+    "GroupNormalization": (f"{_K}.norm:group_normalization", f"{_K}.support:group_norm"),
     "Erf": (f"{_K}.activation:erf", f"{_K}.support:unary"),
     "Gelu": (f"{_K}.activation:gelu", f"{_K}.support:unary"),
     "ReluGrad": (f"{_K}.activation:relu_grad", f"{_K}.support:relu_grad"),
@@ -40,6 +42,8 @@ KERNELS: dict[str, tuple[str, str]] = {
     "FusedGemm": (f"{_K}.gemm:fused_gemm", f"{_K}.support:fused_gemm"),
     "MatMul": (f"{_K}.gemm:matmul", f"{_K}.support:same_float"),
     "Resize": (f"{_K}.resize:resize", f"{_K}.support:resize"),
+    "LSTM": (f"{_K}.recurrent:lstm", f"{_K}.support:lstm"),
+    "GRU": (f"{_K}.recurrent:gru", f"{_K}.support:gru"),
 }
 
 # optimizer updates: no op of the op set, so registered under names that are not op names.

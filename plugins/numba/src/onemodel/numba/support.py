@@ -58,6 +58,13 @@ def rms_norm(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     return X.ndim >= 1 and _float(X, scale) and -X.ndim <= axis < X.ndim
 
 
+def group_norm(X, scale, bias, *, epsilon=1e-5, num_groups=None, stash_type=1):
+    """Instance and group normalization of float32/float64 with one scale and bias per
+    channel (opset 21's GroupNormalization; InstanceNormalization takes the same check)."""
+    return X.ndim >= 2 and _float(X, scale, bias) and scale.ndim == 1 and bias.ndim == 1 and \
+        scale.shape[0] == X.shape[1] and bias.shape[0] == X.shape[1]
+
+
 def lrn(X, *, alpha=1e-4, beta=0.75, bias=1.0, size=1):
     return X.ndim >= 3 and X.dtype in _FLOATS and size >= 1
 
@@ -161,3 +168,26 @@ def reduce_mean(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
     """ReduceMean of float32/float64 over a block of trailing axes, none of them empty (a
     global average written as ``mean``); others go to the reference."""
     return data.dtype in _FLOATS and trailing_axes(data, axes, noop_with_empty_axes) is not None
+
+
+def _recurrent(X, W, R, extra, sequence_lens, activations, clip, direction, layout) -> bool:
+    return X.ndim == 3 and W.ndim == 3 and R.ndim == 3 and _float(X, W, R, *extra) and \
+        sequence_lens is None and activations is None and clip is None and \
+        direction in ("forward", "reverse", "bidirectional") and layout in (0, 1)
+
+
+def lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *,
+         activation_alpha=None, activation_beta=None, activations=None, clip=None,
+         direction="forward", hidden_size=None, input_forget=0, layout=0):
+    """LSTM of float32/float64 (one dtype throughout) with the default activations, no clip
+    and every sequence at full length (no ``sequence_lens``)."""
+    return _recurrent(X, W, R, (B, initial_h, initial_c, P), sequence_lens, activations, clip,
+                      direction, layout)
+
+
+def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
+        activation_beta=None, activations=None, clip=None, direction="forward",
+        hidden_size=None, layout=0, linear_before_reset=0):
+    """GRU under the conditions of :func:`lstm`, either ``linear_before_reset``."""
+    return _recurrent(X, W, R, (B, initial_h), sequence_lens, activations, clip, direction,
+                      layout)
