@@ -5,6 +5,9 @@ inference ops."""
 
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 
 from ..dtype import DType
@@ -249,14 +252,84 @@ def _einsum_shape(specs, *, equation=""):
     return TensorSpec(np.einsum(equation, *arrays).shape, dt)
 
 
+@functools.lru_cache(maxsize=512)
+def _einsum_as_matmul(equation: str, a_shape: tuple, b_shape: tuple):
+    """How a two-operand einsum with a contraction runs as one batched matrix product, as
+    PyTorch runs it: (A's summed-only axes, A's permutation to (batch, left, contracted), its 3-D
+    shape, the same three for B to (batch, contracted, right), the product's shape by letter,
+    the permutation to the output's letters); None for what ``np.einsum`` keeps (an ellipsis, a
+    letter repeated in one operand, sizes that differ or broadcast, no contracted letter, an
+    implicit output). numpy's einsum runs such a contraction as C loops without BLAS: batched
+    8x32x32 products took 76 us against onnxruntime's 16."""
+    eq = equation.replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return None
+    lhs, out = eq.split("->")
+    operands = lhs.split(",")
+    if len(operands) != 2:
+        return None
+    a, b = operands
+    if len(a) != len(a_shape) or len(b) != len(b_shape) or \
+            any(len(set(t)) != len(t) for t in (a, b, out)):
+        return None
+    size: dict[str, int] = {}
+    for letters, shape in ((a, a_shape), (b, b_shape)):
+        for ch, d in zip(letters, shape):
+            if size.setdefault(ch, d) != d:
+                return None
+    if any(ch not in size for ch in out):
+        return None
+    batch = [c for c in out if c in a and c in b]
+    left = [c for c in out if c in a and c not in b]
+    right = [c for c in out if c in b and c not in a]
+    contracted = [c for c in a if c in b and c not in out]
+    if not contracted:
+        return None
+    a_sum = tuple(i for i, c in enumerate(a) if c not in b and c not in out)
+    b_sum = tuple(i for i, c in enumerate(b) if c not in a and c not in out)
+    a_kept = [c for c in a if c in b or c in out]
+    b_kept = [c for c in b if c in a or c in out]
+    a_perm = tuple(a_kept.index(c) for c in batch + left + contracted)
+    b_perm = tuple(b_kept.index(c) for c in batch + contracted + right)
+
+    def prod(letters):
+        return math.prod(size[c] for c in letters)
+
+    a_3d = (prod(batch), prod(left), prod(contracted))
+    b_3d = (prod(batch), prod(contracted), prod(right))
+    by_letter = batch + left + right
+    return (a_sum, a_perm, a_3d, b_sum, b_perm, b_3d, tuple(size[c] for c in by_letter),
+            tuple(by_letter.index(c) for c in out))
+
+
+def _matmul_einsum(plan, A, B):
+    a_sum, a_perm, a_3d, b_sum, b_perm, b_3d, shape, out_perm = plan
+    if a_sum:
+        A = A.sum(axis=a_sum)
+    if b_sum:
+        B = B.sum(axis=b_sum)
+    y = np.matmul(A.transpose(a_perm).reshape(a_3d), B.transpose(b_perm).reshape(b_3d))
+    y = y.reshape(shape).transpose(out_perm)
+    return y if y.flags.c_contiguous else y.copy()  # (ascontiguousarray makes 0-d 1-d)
+
+
 @defop("Einsum", shape=_einsum_shape)
 def einsum(*Inputs, equation=""):
     """BF16 operands are summed in float32 and the result rounded once (as PyTorch and the
-    ONNX reference do)."""
+    ONNX reference do). A float32/float64 contraction of two operands runs as one batched
+    matrix product (:func:`_einsum_as_matmul`); the rest as ``np.einsum``."""
     dt = Inputs[0].dtype
     if dt == DType.BF16.numpy:
         Inputs = tuple(x.astype(np.float32) for x in Inputs)
+    if len(Inputs) == 2 and Inputs[0].dtype in _MATMUL_FLOATS and \
+            Inputs[1].dtype == Inputs[0].dtype:
+        plan = _einsum_as_matmul(equation, Inputs[0].shape, Inputs[1].shape)
+        if plan is not None:
+            return _matmul_einsum(plan, *Inputs).astype(dt, copy=False)
     return np.asarray(np.einsum(equation, *Inputs)).astype(dt, copy=False)
+
+
+_MATMUL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 # Scatter (deprecated) ------------------------------------------------------------------------
