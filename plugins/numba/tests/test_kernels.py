@@ -73,6 +73,17 @@ CASES = [
     ("ReduceMean", [(2, 5, 4, 3), ("const", [-2, -1])], {}),
     ("ReduceMean", [(3, 7, 33), ("const", [2])], {}),
     ("ReduceMean", [(4, 6), None], dict(keepdims=0)),
+    # ConvTranspose: stride and pads, groups with dilation and output_padding, SAME_UPPER, an
+    # output_shape inside the kernels' reach and one beyond it (the reference), 1x1
+    ("ConvTranspose", [(2, 16, 8, 8), (16, 8, 4, 4), (8,)], dict(strides=(2, 2),
+                                                                  pads=(1, 1, 1, 1))),
+    ("ConvTranspose", [(2, 6, 7, 5), (6, 2, 3, 2), (6,)],
+     dict(group=3, strides=(2, 3), pads=(1, 0, 0, 1), dilations=(2, 1), output_padding=(1, 2))),
+    ("ConvTranspose", [(1, 3, 4, 4), (3, 2, 3, 3)], dict(strides=(2, 2), auto_pad="SAME_UPPER")),
+    ("ConvTranspose", [(1, 3, 4, 4), (3, 2, 3, 3)], dict(strides=(2, 2), output_shape=(9, 9))),
+    ("ConvTranspose", [(1, 3, 4, 4), (3, 2, 3, 3)], dict(strides=(2, 2), output_shape=(12, 12))),
+    ("ConvTranspose", [(2, 5, 3, 3), (5, 5, 1, 1), (5,)], {}),
+    ("ConvTranspose", [(0, 3, 4, 4), (3, 2, 3, 3)], {}),
     ("InstanceNormalization", [(2, 5, 7, 3), (5,), (5,)], dict(epsilon=1e-3)),
     ("InstanceNormalization", [(3, 4, 11), (4,), (4,)], {}),
     ("GroupNormalization", [(2, 6, 5, 4), (6,), (6,)], dict(num_groups=3)),

@@ -22,7 +22,7 @@ import numpy as np
 
 from numba import prange
 from onemodel.tensors.errors import ShapeError
-from onemodel.tensors.ops.nn import _geometry
+from onemodel.tensors.ops.nn import _convt_geometry, _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
 from . import _jit, depthwise
@@ -2074,6 +2074,48 @@ def conv_weight_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, ke
         dw += np.matmul(dyt.reshape(group, mg, width),
                         cols.reshape(group, rows // group, width).transpose(0, 2, 1))
     return dw.reshape(W.shape)
+
+
+def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                   kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+                   strides=None):
+    """2-D ConvTranspose: the input gradient of the convolution it transposes. W^T times each
+    image's pixels by BLAS into columns, then :func:`_col2im` scatters them straight into the
+    cropped output (the pads are that convolution's), bias added after. The reference scatters
+    with numpy, one strided add per tap (2x16x16x16, 4x4 stride 2: 176 against onnxruntime's
+    50 us). Pads that grow the output (an ``output_shape`` beyond the kernels' reach) go to
+    the reference."""
+    attrs = dict(auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
+                 output_padding=output_padding, output_shape=output_shape, pads=pads,
+                 strides=strides)
+    k = tuple(kernel_shape) if kernel_shape else tuple(W.shape[2:])
+    if X.ndim != 4 or W.ndim != 4 or len(k) != 2 or tuple(W.shape[2:]) != k or group < 1 or \
+            X.shape[1] != W.shape[0] or X.shape[1] % group:
+        return _reference_conv_transpose(X, W, B, attrs)
+    s, pb, pe, d, _, _, (oh, ow) = _convt_geometry(X.shape[2:], k, strides, pads, dilations,
+                                                   output_padding, output_shape, auto_pad)
+    if min(pb + pe) < 0 or oh <= 0 or ow <= 0 or X.size == 0:
+        return _reference_conv_transpose(X, W, B, attrs)
+    sync_threads()
+    n, cin, h, w = X.shape
+    mg = W.shape[1]
+    m = group * mg
+    kk = k[0] * k[1]
+    x = np.ascontiguousarray(X).reshape(n, group, cin // group, h * w)
+    wt = np.ascontiguousarray(W).reshape(group, cin // group, mg * kk).transpose(0, 2, 1)
+    cols = np.matmul(wt, x)  # (n, group, mg*kh*kw, h*w): rows (channel, i, j), by image
+    y = np.empty((n, m, oh, ow), X.dtype)
+    pick(_col2im)(cols.reshape(n, m * kk, h * w), k[0], k[1], s[0], s[1], pb[0], pb[1], d[0],
+                  d[1], h, w, y, True)
+    if B is not None:
+        y += np.asarray(B, X.dtype).reshape(1, m, 1, 1)
+    return y
+
+
+def _reference_conv_transpose(X, W, B, attrs):
+    from onemodel.tensors.ops import OPS
+
+    return OPS["ConvTranspose"].kernel(X, W, B, **attrs)
 
 
 def conv_input_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,

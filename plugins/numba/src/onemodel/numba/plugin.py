@@ -18,6 +18,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "Conv": (f"{_K}.conv:conv", f"{_K}.support:conv"),
     "FusedConv": (f"{_K}.conv:fused_conv", f"{_K}.support:conv"),
     "ConvInputGrad": (f"{_K}.conv:conv_input_grad", f"{_K}.support:conv_grad"),
+    "ConvTranspose": (f"{_K}.conv:conv_transpose", f"{_K}.support:conv_transpose"),
     "ConvWeightGrad": (f"{_K}.conv:conv_weight_grad", f"{_K}.support:conv_grad"),
     "BatchNormalization": (f"{_K}.norm:batch_normalization", f"{_K}.support:batch_norm"),
     "LayerNormalization": (f"{_K}.norm:layer_normalization", f"{_K}.support:layer_norm"),

@@ -37,6 +37,13 @@ def _nchw(X) -> bool:
     return X.ndim == 4 and X.dtype in _FLOATS
 
 
+def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                   kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+                   strides=None):
+    """2-D ConvTranspose of float32/float64 with matching weight and bias dtypes."""
+    return X.ndim == 4 and W.ndim == 4 and _float(X, W, B) and (B is None or B.ndim == 1)
+
+
 def conv_grad(X, W, dY, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
               pads=None, strides=None):
     """Gradients of 2-D float convolutions (dY of the forward output's shape and dtype)."""
