@@ -8,7 +8,6 @@ import pytest
 from runtime_graphs import attention, conv_net, f32, mlp, random_feeds
 
 from onemodel.runtime import GraphBuilder, Session
-from onemodel.runtime.graph import ValueInfo
 from onemodel.runtime.passes import (
     ActivationFusion,
     BatchNormFolding,
@@ -21,7 +20,7 @@ from onemodel.runtime.passes import (
     PassManager,
     RMSNormFusion,
 )
-from onemodel.tensors import DimExpr, DType
+from onemodel.tensors import DType
 
 
 def _check(graph, passes, expect_ops_gone=(), bindings=None):
@@ -67,57 +66,6 @@ def test_constant_folding():
     g, _ = _check(_chain(), [ConstantFolding()])
     assert sum(n.op == "Mul" for n in g.nodes) == 0
     assert sum(n.op == "Add" for n in g.nodes) == 1
-
-
-def _window_padding(axis: int):
-    """Swin's window padding as PyTorch exports it: the pad worked out from a dimension of
-    ``x`` (``axis``) by Shape, Gather, Sub and Mod, its pairs reversed by Reshape, Slice,
-    Transpose and Reshape, then a Pad and an Add+Relu chain after it."""
-    b = GraphBuilder()
-    x = b.input("x", DType.F32, ("batch", 3, 6, 5))
-    i64 = np.int64
-    size = b.op("Gather", b.op("Shape", x), b.const(np.array(axis, i64)))
-    need = b.op("Mod", b.op("Sub", b.const(np.array(4, i64)), b.op("Mod", size, b.const(
-        np.array(4, i64)))), b.const(np.array(4, i64)))
-    zeros = b.const(np.zeros(1, i64))
-    flat = b.op("Concat", zeros, zeros, zeros, b.op("Unsqueeze", need, b.const(np.array([0], i64))),
-                zeros, zeros, zeros, zeros, axis=0)
-    pairs = b.op("Reshape", flat, b.const(np.array([-1, 2], i64)))
-    reversed_ = b.op("Slice", pairs, b.const(np.array([-1], i64)),
-                     b.const(np.array([-(2**63) + 1], i64)), b.const(np.array([0], i64)),
-                     b.const(np.array([-1], i64)))
-    pads = b.op("Reshape", b.op("Transpose", reversed_, perm=(1, 0)),
-                b.const(np.array([-1], i64)))
-    y = b.op("Pad", x, pads)
-    out = b.op("Relu", b.op("Add", y, b.const(np.float32(0.5))))
-    # not b.output(), which validates: the builder's rules cannot know the pads yet
-    b.graph.outputs.append(ValueInfo(out, DType.F32, (DimExpr.symbol("batch"), 3,
-                                                      DimExpr.symbol("height"), 5)))
-    return b.graph
-
-
-def test_values_the_shape_rules_know_are_folded_under_a_symbolic_batch():
-    """A pad worked out from a static height folds to an initializer although the batch is
-    symbolic, so the Pad's output shape is known and the chain after it can be fused."""
-    g, _ = _check(_window_padding(axis=2), [ConstantFolding(), DeadCodeElimination()])
-    assert [n.op for n in g.nodes] == ["Pad", "Add", "Relu"]
-    pads = g.nodes[0].inputs[1]
-    assert g.initializers[pads].tolist() == [0, 0, 0, 0, 0, 0, 2, 0]
-    assert g.validate()[g.outputs[0].name].shape[1:] == (3, 8, 5)
-    assert "FusedElementwise" in {n.op for n in Session(g).graph.nodes}
-
-
-def test_a_value_that_depends_on_the_batch_is_not_folded():
-    """Gathering the symbolic batch: its value is not a plain integer, so it stays computed."""
-    g = _window_padding(axis=0)
-    optimized = g.copy()
-    PassManager([ConstantFolding()]).run(optimized)
-    assert {"Shape", "Gather", "Pad"} <= {n.op for n in optimized.nodes}
-    plain, fast = Session(g, optimize=False), Session(optimized, optimize=False)
-    for batch in (1, 2, 5):
-        feeds = random_feeds(g, {"batch": batch}, seed=batch)
-        name = g.outputs[0].name
-        np.testing.assert_array_equal(fast.run(feeds)[name].numpy(), plain.run(feeds)[name].numpy())
 
 
 def test_common_subexpressions():

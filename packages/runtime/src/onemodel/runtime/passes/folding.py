@@ -22,10 +22,7 @@ class ConstantFolding(Pass):
     name = "constant-folding"
     level = "basic"
     changes = ("evaluates nodes whose inputs are all initializers (and Shape of a static shape) "
-               "and stores their outputs as initializers; a node whose integer outputs the "
-               "shape rules already know, whatever the symbolic sizes (a static dimension "
-               "gathered from the Shape of a tensor with a symbolic batch), is replaced by "
-               "those values as initializers")
+               "and stores their outputs as initializers")
 
     def run(self, graph: Graph) -> PassResult:
         specs = None
@@ -49,13 +46,6 @@ class ConstantFolding(Pass):
             elif all((not i) or i in graph.initializers for i in n.inputs) and n.inputs:
                 args = [graph.initializers[i] if i else None for i in n.inputs]
             else:
-                if specs is None:
-                    specs = graph.validate(allow_unknown=True)
-                known = _known_outputs(n, specs)
-                if known is not None:
-                    graph.initializers.update(known)
-                    graph.nodes.remove(n)
-                    folded += 1
                 continue
             op = OPS[n.op]
             if n.op != "Shape" and not _small_outputs(op, args, n.attrs):
@@ -73,30 +63,6 @@ class ConstantFolding(Pass):
             graph.nodes.remove(n)
             folded += 1
         return PassResult(folded)
-
-
-def _known_outputs(n, specs) -> dict[str, np.ndarray] | None:
-    """Each named output of ``n`` as the array its shape rule's value says it is, when every
-    one is an integer tensor of static shape whose value the rules know as plain integers.
-
-    Shape computations that read only static sizes then fold even when the graph's batch is
-    symbolic: a window padding worked out from a feature map's height (Swin) was a chain of
-    Shape, Gather, Mod, Concat, Reshape, Slice, Transpose and Reshape whose value the rules
-    dropped at the 2-D Reshape; every shape after the Pad it fed was unknown, so no pass could
-    fuse anything downstream (217 of Swin's 285 nodes)."""
-    out: dict[str, np.ndarray] = {}
-    for name in n.outputs:
-        if not name:
-            continue
-        spec = specs.get(name)
-        if spec is None or spec.value is None or spec.dtype.numpy.kind not in "iu":
-            return None
-        if not all(isinstance(d, int) for d in spec.shape) or \
-                not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-                        for v in spec.value) or len(spec.value) != math.prod(spec.shape):
-            return None
-        out[name] = np.asarray(spec.value, spec.dtype.numpy).reshape(spec.shape)
-    return out or None
 
 
 def _small_outputs(op, args, attrs) -> bool:
