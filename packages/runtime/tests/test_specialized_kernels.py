@@ -256,3 +256,11 @@ def test_a_product_writes_whichever_out_it_is_given():
     strided = np.empty((2, 3, 5), want.dtype).transpose(0, 2, 1)  # filled by the generic kernel
     assert call(a, b, out=strided) is strided
     np.testing.assert_array_equal(strided, want)
+
+
+def test_a_pad_of_a_0d_input_is_left_to_the_generic_kernel():
+    """Nothing to pad: the generic kernel's own answer (an error for its empty pads)."""
+    x = np.array(2.0, np.float32)
+    site = CallSite(((), (0,)), (x.dtype, np.dtype(np.int64)), (None, np.zeros(0, np.int64)),
+                    {}, ((),), partial(OPS["Pad"].kernel))
+    assert specialize(OPS["Pad"].kernel, site) is None

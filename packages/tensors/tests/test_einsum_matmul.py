@@ -63,3 +63,10 @@ def test_integers_and_three_operands_keep_np_einsum():
     x = np.ones((2, 3))
     assert np.array_equal(EINSUM(x, x.T.copy(), x, equation="ij,jk,kl->il"),
                           np.einsum("ij,jk,kl->il", x, x.T, x))
+
+
+def test_an_empty_operand_sums_no_terms():
+    """inf beside an empty axis: np.einsum sums no terms (0); summing B's own axis first and
+    then multiplying would give inf * 0 = NaN, so empty operands keep np.einsum."""
+    got = EINSUM(np.array([np.inf]), np.zeros((0, 1)), equation="w,mw->")
+    assert got.shape == () and got == 0.0

@@ -518,6 +518,38 @@ def test_skip_layer_norm_with_a_residual_broadcast_inside_rows_takes_the_referen
         np.testing.assert_allclose(got, want, **TOL[np.float32])
 
 
+def _f32(*shape):
+    return np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+
+
+# calls with an input of the wrong shape: the loops index flat arrays unchecked, so these must
+# reach the reference (which raises) and never the loops (which read and wrote past them)
+_MISSHAPEN = [
+    ("LSTM", (_f32(4, 3, 6), _f32(1, 20, 6), _f32(1, 15, 5)), {}),  # R of 3H rows
+    ("LSTM", (_f32(4, 3, 6), _f32(1, 20, 6), _f32(1, 20, 5), None, None, _f32(1, 4, 5)), {}),
+    ("LSTM", (_f32(4, 3, 6), _f32(1, 20, 6), _f32(1, 20, 5), _f32(1, 39)), {}),
+    ("LSTM", (_f32(4, 3, 6), _f32(1, 20, 6), _f32(1, 20, 5), None, None, None, None,
+              _f32(1, 10)), {}),
+    ("LSTM", (_f32(4, 3, 6), _f32(1, 20, 6), _f32(1, 20, 5), None, None, _f32(1, 3, 4)), {}),
+    ("GRU", (_f32(4, 3, 6), _f32(1, 15, 6), _f32(1, 15, 5), _f32(1, 29)), {}),
+    ("GRU", (_f32(4, 3, 6), _f32(1, 15, 7), _f32(1, 15, 5)), {}),
+    ("GroupNormalization", (_f32(2, 4, 3), _f32(4), _f32(4)), dict(num_groups=-2)),
+    ("GroupNormalization", (_f32(2, 4, 3), _f32(4), _f32(4)), dict(num_groups=3)),
+    ("ConvTranspose", (_f32(1, 3, 4, 4), _f32(3, 2, 3, 3)), dict(strides=[0, 1])),
+    ("ConvTranspose", (_f32(1, 3, 4, 4), _f32(3, 2, 3, 3)), dict(output_padding=[-1, 0])),
+]
+
+
+@pytest.mark.parametrize("op,args,attrs", _MISSHAPEN, ids=[f"{c[0]}-{i}" for i, c in
+                                                             enumerate(_MISSHAPEN)])
+def test_misshapen_calls_fail_as_the_reference_does(op, args, attrs):
+    kernel = registry.resolve(plugin.KERNELS[op][0])
+    with pytest.raises(Exception) as ref:  # whatever the reference raises
+        OPS[op].kernel(*args, **attrs)
+    with pytest.raises(type(ref.value)):
+        kernel(*args, **attrs)
+
+
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
 def test_recurrent_calls_it_does_not_cover_take_the_reference(op):
     """The kernel itself hands the reference what its loops do not compute (a clip, other

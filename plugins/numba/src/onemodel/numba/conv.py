@@ -2094,7 +2094,8 @@ def conv_transpose(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
         return _reference_conv_transpose(X, W, B, attrs)
     s, pb, pe, d, _, _, (oh, ow) = _convt_geometry(X.shape[2:], k, strides, pads, dilations,
                                                    output_padding, output_shape, auto_pad)
-    if min(pb + pe) < 0 or oh <= 0 or ow <= 0 or X.size == 0:
+    if min(pb + pe) < 0 or oh <= 0 or ow <= 0 or X.size == 0 or min(s + d) < 1 or \
+            (output_padding is not None and min(output_padding) < 0):
         return _reference_conv_transpose(X, W, B, attrs)
     sync_threads()
     n, cin, h, w = X.shape

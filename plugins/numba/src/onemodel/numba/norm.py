@@ -201,9 +201,11 @@ def instance_normalization(input, scale, B, *, epsilon=1e-5):
 
 
 def group_normalization(X, scale, bias, *, epsilon=1e-5, num_groups=None, stash_type=1):
-    """GroupNormalization (opset 21: per-channel scale and bias). A channel count the groups do
-    not divide, or an empty tensor, goes to the reference (which says what is wrong)."""
-    if X.size == 0 or not num_groups or X.shape[1] % num_groups:
+    """GroupNormalization (opset 21: per-channel scale and bias). A group count below one or
+    one that does not divide the channels, or an empty tensor, goes to the reference (which
+    says what is wrong)."""
+    if X.size == 0 or not isinstance(num_groups, int) or num_groups < 1 or \
+            X.shape[1] % num_groups:
         from onemodel.tensors.ops import OPS
 
         return OPS["GroupNormalization"].kernel(X, scale, bias, epsilon=epsilon,

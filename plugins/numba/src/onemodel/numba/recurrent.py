@@ -196,17 +196,27 @@ def _reference(op: str, *args, **attrs):
     return OPS[op].kernel(*args, **attrs)
 
 
-def _covered(X, W, R, sequence_lens, activations, clip, hidden_size, extra) -> bool:
-    """What the loops compute as the reference does; the rest goes there (and its errors)."""
-    if clip is not None or activations is not None or X.dtype not in (np.float32, np.float64):
+def _covered(X, W, R, sequence_lens, activations, clip, hidden_size, gates, dirs, layout,
+             optional) -> bool:
+    """Whether the loops compute this call as the reference does: every array of the dtype and
+    of exactly the shape the op's geometry gives (the loops index flat arrays unchecked, so a
+    wrong shape must reach the reference, which names it); the rest goes there too."""
+    if dirs is None or layout not in (0, 1) or clip is not None or activations is not None or \
+            sequence_lens is not None or X.dtype not in (np.float32, np.float64):
         return False
-    if X.ndim != 3 or W.ndim != 3 or R.ndim != 3 or W.dtype != X.dtype or R.dtype != X.dtype:
+    if X.ndim != 3 or W.ndim != 3 or R.ndim != 3:
         return False
-    if hidden_size is not None and hidden_size != R.shape[2]:
+    batch = X.shape[1] if layout == 0 else X.shape[0]
+    hid = R.shape[2]
+    if hidden_size is not None and hidden_size != hid:
         return False
-    if sequence_lens is not None:
-        return False
-    return all(a is None or a.dtype == X.dtype for a in extra)
+    state = (dirs, batch, hid) if layout == 0 else (batch, dirs, hid)
+    want = {"W": (dirs, gates * hid, X.shape[2]), "R": (dirs, gates * hid, hid),
+            "B": (dirs, 2 * gates * hid), "initial_h": state, "initial_c": state,
+            "P": (dirs, 3 * hid)}
+    given = {"W": W, "R": R, **optional}
+    return all(a is None or (a.shape == want[name] and a.dtype == X.dtype)
+               for name, a in given.items())
 
 
 def _time_major(X, layout):
@@ -241,9 +251,8 @@ def lstm(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=
                  activations=activations, clip=clip, direction=direction,
                  hidden_size=hidden_size, input_forget=input_forget, layout=layout)
     dirs = {"forward": 1, "reverse": 1, "bidirectional": 2}.get(direction)
-    if dirs is None or layout not in (0, 1) or W.shape[0] != dirs or \
-            not _covered(X, W, R, sequence_lens, activations, clip, hidden_size,
-                         (B, initial_h, initial_c, P)) or W.shape[1] != 4 * R.shape[2]:
+    if not _covered(X, W, R, sequence_lens, activations, clip, hidden_size, 4, dirs, layout,
+                    dict(B=B, initial_h=initial_h, initial_c=initial_c, P=P)):
         return _reference("LSTM", X, W, R, B, sequence_lens, initial_h, initial_c, P, **attrs)
     x = _time_major(X, layout)
     steps, n_rows = x.shape[:2]
@@ -273,9 +282,8 @@ def gru(X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha
                  activations=activations, clip=clip, direction=direction,
                  hidden_size=hidden_size, layout=layout, linear_before_reset=linear_before_reset)
     dirs = {"forward": 1, "reverse": 1, "bidirectional": 2}.get(direction)
-    if dirs is None or layout not in (0, 1) or W.shape[0] != dirs or \
-            not _covered(X, W, R, sequence_lens, activations, clip, hidden_size,
-                         (B, initial_h)) or W.shape[1] != 3 * R.shape[2]:
+    if not _covered(X, W, R, sequence_lens, activations, clip, hidden_size, 3, dirs, layout,
+                    dict(B=B, initial_h=initial_h)):
         return _reference("GRU", X, W, R, B, sequence_lens, initial_h, **attrs)
     x = _time_major(X, layout)
     steps, n_rows = x.shape[:2]

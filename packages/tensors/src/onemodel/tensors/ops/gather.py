@@ -269,9 +269,9 @@ def _einsum_as_matmul(equation: str, a_shape: tuple, b_shape: tuple):
     if len(operands) != 2:
         return None
     a, b = operands
-    if len(a) != len(a_shape) or len(b) != len(b_shape) or \
+    if len(a) != len(a_shape) or len(b) != len(b_shape) or 0 in a_shape or 0 in b_shape or \
             any(len(set(t)) != len(t) for t in (a, b, out)):
-        return None
+        return None  # (an empty operand: np.einsum, which sums no terms to 0 even beside inf)
     size: dict[str, int] = {}
     for letters, shape in ((a, a_shape), (b, b_shape)):
         for ch, d in zip(letters, shape):
