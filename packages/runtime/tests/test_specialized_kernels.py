@@ -64,7 +64,13 @@ CASES = [
     ("Pad", [_x(3, 4, dtype=np.int64), _c([2, 2, 2, 2]), _c(7)], {}),
     ("Pad", [_x(0, 3), _c([1, 1, 1, 1])], {}),  # an empty input: only the value
     ("Pad", [_x(4, 6), _c([-1, 2, 1, -2])], {}),  # a crop: the generic kernel
-    ("Pad", [_x(4, 6), _c([1, 2, 1, 2])], {"mode": "reflect"}),  # the generic kernel
+    ("Pad", [_x(4, 6), _c([1, 2, 1, 2])], {"mode": "reflect"}),
+    ("Pad", [_x(2, 3, 5, 6), _c([0, 0, 3, 1, 0, 0, 1, 3])], {"mode": "reflect"}),
+    ("Pad", [_x(2, 3, 5, 6), _c([0, 1, 2, 0, 1, 0, 0, 2])], {"mode": "edge"}),
+    ("Pad", [_x(3, 4), _c([5, 2, 0, 7])], {"mode": "wrap"}),  # pads past the axis: wrap again
+    ("Pad", [_x(2, 5, dtype=np.int64), _c([0, 6, 0, 9])], {"mode": "reflect"}),  # past it too
+    ("Pad", [_x(1, 2), _c([0, 1, 0, 1])], {"mode": "reflect"}),  # a size-1 axis
+    ("Pad", [_x(1, 40), _c([0, 33, 0, 33])], {"mode": "edge"}),  # 66 slabs: the generic kernel
     ("Pad", [_x(4, 6), _c([1, 2, 1, 2]), _x(1)], {}),  # a value fed at run time: generic
 ]
 

@@ -658,13 +658,17 @@ def pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
 
 @specializer(pad.kernel)
 def _pad_at(site: CallSite):
-    """A constant Pad with constant pads, axes and value: the output made with ``np.empty``,
-    its border slabs filled and the input copied in, with every slice made once here.
-    ``np.pad`` spends 20-25 us in Python on a small tensor (Swin's window padding: two Pads
-    took 50 of its 235 us); this takes about 2 us and writes each element once, as np.pad does
-    (the same assignments, so the same casts of the value). Negative pads (crops), other modes,
-    a value fed at run time or shapes other than planned keep the generic kernel."""
-    if site.attrs.get("mode", "constant") != "constant" or not site.shapes[0]:
+    """A Pad with constant pads, axes (and value): the output made with ``np.empty``, the input
+    copied in, the border filled, every slice made once here. ``np.pad`` spends 20-25 us in
+    Python on a small tensor (Swin's window padding: two Pads took 50 of its 235 us); this
+    takes about 2 us. Constant mode writes each border element once with the value, cast as
+    np.pad casts it. Reflect, edge and wrap copy border slabs from inside the output, axis by
+    axis, each from the position np.pad's own index map gives (np.pad applied to
+    ``arange``), so they are np.pad's values by construction. Negative pads (crops), more
+    than 64 border slabs, a pad or value fed at run time, or shapes other than planned keep
+    the generic kernel."""
+    mode = site.attrs.get("mode", "constant")
+    if mode not in ("constant", "reflect", "edge", "wrap") or not site.shapes[0]:
         return None  # (a 0-d input: the generic kernel's error)
     shape, dtype = site.shapes[0], site.dtypes[0]
     given = [site.values[i] if i < len(site.values) else None for i in range(4)]
@@ -686,13 +690,32 @@ def _pad_at(site: CallSite):
     if site.out_shapes and site.out_shapes[0] != oshape:
         return None
     inner = tuple(slice(b, b + d) for d, (b, _) in zip(shape, widths))
-    # disjoint slabs covering the border: along axis a, the begin and end slabs, limited to
-    # the inner range on the axes before a and whole on the axes after it
-    borders = []
-    for a, (b, _) in enumerate(widths):
-        for lo, hi in ((0, b), (b + shape[a], oshape[a])):
-            if hi > lo:
-                borders.append(inner[:a] + (slice(lo, hi),) + (slice(None),) * (len(shape) - a - 1))
+    whole = (slice(None),) * len(shape)
+    if mode == "constant":
+        # disjoint slabs covering the border: along axis a, the begin and end slabs, limited
+        # to the inner range on the axes before a and whole on the axes after it
+        fills = []
+        for a, (b, _) in enumerate(widths):
+            for lo, hi in ((0, b), (b + shape[a], oshape[a])):
+                if hi > lo:
+                    fills.append(inner[:a] + (slice(lo, hi),) + whole[a + 1:])
+        copies = []
+    else:
+        # axis by axis: each border position p takes the slab at np.pad's source for p, whole
+        # on the axes already padded, inside on those still to pad
+        fills, copies = [], []
+        for a, (b, e) in enumerate(widths):
+            if b + e == 0:
+                continue
+            try:
+                source = np.pad(np.arange(shape[a]), (b, e), mode=mode)
+            except ValueError:  # an empty axis to extend: the generic kernel's error
+                return None
+            for p in (*range(b), *range(b + shape[a], oshape[a])):
+                copies.append((whole[:a] + (p,) + inner[a + 1:],
+                               whole[:a] + (b + int(source[p]),) + inner[a + 1:]))
+        if len(copies) > 64:
+            return None  # many thin slabs: np.pad's vectorized copies win
     generic = site.generic
 
     def padded(data, pads, constant_value=None, axes=None):
@@ -700,9 +723,11 @@ def _pad_at(site: CallSite):
                 constant_value is not value_const or axes is not axes_const:
             return generic(data, pads, constant_value, axes)
         out = np.empty(oshape, dtype)
-        for border in borders:
+        for border in fills:
             out[border] = value
         out[inner] = data
+        for to, source in copies:
+            out[to] = out[source]
         return out
     return padded
 
