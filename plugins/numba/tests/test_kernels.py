@@ -535,6 +535,8 @@ _MISSHAPEN = [
     ("GRU", (_f32(4, 3, 6), _f32(1, 15, 7), _f32(1, 15, 5)), {}),
     ("GroupNormalization", (_f32(2, 4, 3), _f32(4), _f32(4)), dict(num_groups=-2)),
     ("GroupNormalization", (_f32(2, 4, 3), _f32(4), _f32(4)), dict(num_groups=3)),
+    ("GroupNormalization", (_f32(2, 4, 3), _f32(2), _f32(4)), dict(num_groups=2)),
+    ("InstanceNormalization", (_f32(2, 4, 3), _f32(4), _f32(3)), {}),
     ("ConvTranspose", (_f32(1, 3, 4, 4), _f32(3, 2, 3, 3)), dict(strides=[0, 1])),
     ("ConvTranspose", (_f32(1, 3, 4, 4), _f32(3, 2, 3, 3)), dict(output_padding=[-1, 0])),
 ]

@@ -181,6 +181,12 @@ def _group_norm(x, scale, bias, groups, eps, out):
                 of[U(row + q)] = (xf[U(row + q)] - mean) * inv * a + b
 
 
+def _per_channel(X, scale, bias) -> bool:
+    """Whether ``scale`` and ``bias`` hold one value per channel of ``X``: the kernel reads
+    them unchecked, so any other shape goes to the reference (which says what is wrong)."""
+    return X.ndim >= 2 and np.shape(scale) == (X.shape[1],) and np.shape(bias) == (X.shape[1],)
+
+
 def _grouped(X, scale, bias, groups, epsilon):
     sync_threads()
     X = np.ascontiguousarray(X)
@@ -193,7 +199,7 @@ def _grouped(X, scale, bias, groups, epsilon):
 
 def instance_normalization(input, scale, B, *, epsilon=1e-5):
     """InstanceNormalization: one group per channel."""
-    if input.size == 0:
+    if input.size == 0 or not _per_channel(input, scale, B):
         from onemodel.tensors.ops import OPS
 
         return OPS["InstanceNormalization"].kernel(input, scale, B, epsilon=epsilon)
@@ -205,7 +211,7 @@ def group_normalization(X, scale, bias, *, epsilon=1e-5, num_groups=None, stash_
     one that does not divide the channels, or an empty tensor, goes to the reference (which
     says what is wrong)."""
     if X.size == 0 or not isinstance(num_groups, int) or num_groups < 1 or \
-            X.shape[1] % num_groups:
+            X.shape[1] % num_groups or not _per_channel(X, scale, bias):
         from onemodel.tensors.ops import OPS
 
         return OPS["GroupNormalization"].kernel(X, scale, bias, epsilon=epsilon,
