@@ -249,3 +249,130 @@ def test_an_out_made_read_only_after_use_is_not_written(kernel, inputs, attrs, c
     with pytest.raises(_refusal(site.generic, inputs, out)):
         call(*inputs, out=out)
     assert not out.any()
+
+
+# the planned calls that repeat their last bound call when handed the same arrays again (a
+# plan hands the same buffers every run): depthwise, small convolution, pools
+def _frozen(a):
+    """``a``'s values read-only over immutable bytes, as a constant loaded from a file is: the
+    planned calls prepare such weights once and repeat calls without checking them."""
+    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
+
+
+def _with_frozen_constants(case):
+    kernel, inputs, attrs, consts = case
+    return kernel, [_frozen(a) if i in consts else a for i, a in enumerate(inputs)], attrs, consts
+
+
+REPEATS = [CASES[5], CASES[6], _with_frozen_constants(CASES[-3]),
+           _with_frozen_constants(CASES[-2]),
+           (pool.global_average_pool, [_x(2, 6, 1, 1)], {}, ())]
+REPEAT_IDS = ["max_pool", "average_pool", "depthwise", "small_conv", "global_average_1x1"]
+
+
+def _planned(kernel, inputs, attrs, consts):
+    site = _site(kernel, inputs, attrs, consts)
+    call = specialize(kernel, site)
+    assert call is not None
+    return site, call
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
+def test_a_repeated_call_reads_the_arrays_values_now(kernel, inputs, attrs, consts, binds):
+    """The same input and out objects again, their values changed in place in between: each
+    call gives the generic call's values for what the input holds now."""
+    site, call = _planned(kernel, inputs, attrs, consts)
+    x = inputs[0].copy()
+    rest = list(inputs[1:])
+    out = np.zeros_like(_first(site.generic(x, *rest)))
+    for k in range(3):
+        x[...] = _x(*x.shape) * (k + 1)
+        assert call(x, *rest, out=out) is out
+        assert np.array_equal(out, _first(site.generic(x, *rest)), equal_nan=True)
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
+def test_a_strided_input_is_never_repeated_from_its_copy(kernel, inputs, attrs, consts,
+                                                         binds):
+    """A strided input is copied for the kernel: the same strided array again, its values
+    changed, must be copied again (a repeat of the first call's arguments would read the
+    stale copy)."""
+    site, call = _planned(kernel, inputs, attrs, consts)
+    x = _strided(inputs[0])
+    rest = list(inputs[1:])
+    out = np.zeros_like(_first(site.generic(x, *rest)))
+    for k in range(3):
+        x[...] = _x(*x.shape) * (k + 1)
+        call(x, *rest, out=out)
+        assert np.array_equal(out, _first(site.generic(x, *rest)), equal_nan=True)
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
+def test_an_input_restrided_in_place_is_not_repeated(kernel, inputs, attrs, consts, binds):
+    """The same array object given new strides in place (deprecated in NumPy, still possible):
+    the repeat would read it as contiguous, so it must not be taken."""
+    site, call = _planned(kernel, inputs, attrs, consts)
+    base = np.zeros(2 * inputs[0].size, inputs[0].dtype)
+    x = base[:inputs[0].size].reshape(inputs[0].shape)
+    x[...] = inputs[0]
+    rest = list(inputs[1:])
+    out = np.zeros_like(_first(site.generic(x, *rest)))
+    call(x, *rest, out=out)
+    base[:] = _x(base.size)
+    with pytest.warns(DeprecationWarning):
+        x.strides = tuple(2 * s for s in x.strides)  # every other element of base now
+    assert not x.flags.c_contiguous
+    call(x, *rest, out=out)
+    assert np.array_equal(out, _first(site.generic(x, *rest)), equal_nan=True)
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
+def test_a_repeat_is_refused_an_out_made_read_only(kernel, inputs, attrs, consts, binds):
+    """An out= that was filled, then made read-only: the next call with the same arrays is
+    refused as the generic call refuses it, and the out is left as it was."""
+    site, call = _planned(kernel, inputs, attrs, consts)
+    want = _first(site.generic(*inputs))
+    out = np.zeros(want.shape, want.dtype)
+    call(*inputs, out=out)
+    call(*inputs, out=out)
+    out[...] = 0
+    out.flags.writeable = False
+    with pytest.raises(_refusal(site.generic, inputs, out)):
+        call(*inputs, out=out)
+    assert not out.any()
+
+
+def test_a_small_convolution_with_a_strided_bias_reads_it_each_call(binds):
+    """A bias that is not the plan's constant is copied when strided: the same bias object
+    with new values must give the new sum, not the first call's copy (a narrow convolution
+    with read-only weights: the kernel along the output channels, which takes any bias)."""
+    x, w = _x(2, 16, 2, 2), _frozen(_x(40, 16, 1, 1))
+    bias = _strided(_x(40))
+    kernel = conv.fused_conv
+    site, call = _planned(kernel, [x, w, bias], {}, (1,))
+    assert call.__name__ == "conv_small_at"
+    out = np.zeros_like(site.generic(x, w, bias))
+    for k in range(3):
+        bias[...] = _x(40) * (k + 1)
+        call(x, w, bias, out=out)
+        assert np.allclose(out, site.generic(x, w, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_a_depthwise_call_with_writable_weights_checks_them_every_call(binds):
+    """Writable weights on a depthwise path that skips the padding are checked each call: one
+    made infinite in place since must reach the kernel that reads the padding (inf times the
+    padding's zero is NaN there, as in the generic call), also when the same arrays come again."""
+    kernel, inputs, attrs, consts = CASES[-3]
+    x, w, b = inputs[0], inputs[1].copy(), inputs[2]
+    site, call = _planned(kernel, [x, w, b], attrs, consts)
+    plan = conv._plan(x.shape, w.shape, 4, None, attrs["strides"], attrs["pads"], None,
+                      "NOTSET", attrs["group"], True)
+    assert plan[0] in conv._SKIPS_PADDING
+    out = np.zeros_like(site.generic(x, w, b))
+    call(x, w, b, out=out)
+    call(x, w, b, out=out)
+    w[0, 0, 0, 0] = np.inf
+    call(x, w, b, out=out)
+    want = site.generic(x, w, b)
+    assert np.isnan(want).any()
+    assert np.array_equal(out, want, equal_nan=True)

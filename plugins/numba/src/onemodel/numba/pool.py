@@ -12,6 +12,7 @@ import numpy as np
 
 from numba import prange
 from onemodel.tensors import OneModelError
+from onemodel.tensors import threads as _threads
 from onemodel.tensors.ops.nn import _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
@@ -792,6 +793,10 @@ def _global_avg(x, out):
     """out[p] = mean of plane x[p], summed in float64: reassociation lets the sum run in
     vector lanes (it only reorders additions; NaN and infinities propagate as in numpy)."""
     planes, length = x.shape
+    if length == 1:  # 1x1 planes: each mean is the value itself, copied in one vector loop
+        for p in prange(planes):  # (a sum per plane took 3.7 us for 2x1280 planes, this 0.4)
+            out[p] = x[p, 0]
+        return
     for p in prange(planes):
         row = x[p]
         acc = 0.0
@@ -845,22 +850,34 @@ def _pool_at(shape, dtype, oshape, kernel, x_flat, out_flat, tail, generic):
     ``out=`` as the contract promises) goes to ``kernel(X.reshape(x_flat),
     out.reshape(out_flat), *tail)``; anything else to the generic call."""
     bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
+    # (X, out, the thread setting's generation, kernel, its arguments) of the last serial call
+    # into a given out: the same two objects under the same setting repeat it
+    last = [None] * 5
 
     def pool_at(X, out=None):
+        if out is last[1] and X is last[0] and out is not None and \
+                last[2] == _threads.generation and X.flags.c_contiguous and \
+                out.flags.writeable:
+            last[3](*last[4])
+            return out
         if X.shape != shape or X.dtype != dtype or (out is not None
                                                     and not _fits(out, oshape, dtype)):
             return generic(X, out=out)
         sync_threads()
+        given = X
         if not X.flags.c_contiguous:
             X = np.ascontiguousarray(X)
-        if out is None:
-            out = np.empty(oshape, dtype)
-        x, y = X.reshape(x_flat), out.reshape(out_flat)
+        y = np.empty(oshape, dtype) if out is None else out
+        x, yf = X.reshape(x_flat), y.reshape(out_flat)
         if _jit._parallel:
-            kernel(x, y, *tail)
+            kernel(x, yf, *tail)
         else:
-            (bound[0] or _jit.bind(bound, kernel.serial, (x, y, *tail)))(x, y, *tail)
-        return out
+            call = (x, yf, *tail)
+            run = bound[0] or _jit.bind(bound, kernel.serial, call)
+            run(*call)
+            if X is given and out is not None:
+                last[:] = (X, out, _jit._applied, run, call)
+        return y
     return pool_at
 
 
