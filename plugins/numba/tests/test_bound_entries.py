@@ -376,3 +376,51 @@ def test_a_depthwise_call_with_writable_weights_checks_them_every_call(binds):
     want = site.generic(x, w, b)
     assert np.isnan(want).any()
     assert np.array_equal(out, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
+def test_a_repeatable_call_does_not_keep_a_callers_input_alive(kernel, inputs, attrs, consts,
+                                                               binds):
+    """The record of the last call holds its input weakly: a caller's array is freed when
+    the caller drops it, however large."""
+    import gc
+    import weakref
+
+    site, call = _planned(kernel, inputs, attrs, consts)
+    x = inputs[0].copy()
+    out = np.zeros_like(_first(site.generic(x, *inputs[1:])))
+    call(x, *inputs[1:], out=out)
+    gone = weakref.ref(x)
+    del x
+    gc.collect()
+    assert gone() is None
+
+
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
+def test_threads_repeating_calls_into_their_own_outs_each_get_their_own(kernel, inputs, attrs,
+                                                                        consts, binds):
+    """Two threads calling one planned call at once, each with its own input and out (two
+    runs of a plan hold two buffer sets): each out gets the generic call's values for its own
+    input, however their records interleave."""
+    import threading
+
+    site, call = _planned(kernel, inputs, attrs, consts)
+    xs = [inputs[0].copy(), inputs[0] * 3 - 1]
+    wants = [_first(site.generic(x, *inputs[1:])) for x in xs]
+    failures = []
+
+    def work(k):
+        out = np.zeros_like(wants[k])
+        for _ in range(300):
+            out[...] = 0
+            call(xs[k], *inputs[1:], out=out)
+            if not np.array_equal(out, wants[k], equal_nan=True):
+                failures.append(k)
+                return
+
+    workers = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not failures

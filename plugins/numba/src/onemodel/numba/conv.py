@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 
 import numpy as np
 
@@ -1913,6 +1914,11 @@ def _without_dead_taps(site: CallSite, plan, w_const, act: int):
     return trimmed_at
 
 
+# the record of a repeatable call before its first one: no out is this object, and its weak
+# reference gives None, which no input is
+_NEVER = (object(), None, None, None, None, (), lambda: None)
+
+
 def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, b_ready,
                     has_bias, act, group, conv_at):
     """The planned call of a depthwise convolution with constant weights: the kernel and its
@@ -1942,15 +1948,16 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
     serial = kernel.serial
     bound = [None]  # serial's machine code for these types (_jit.entry), from the first call
 
-    # (X, W, B, out, the thread setting's generation, kernel, its arguments) of the last
-    # serial call into a given out: the same four objects under the same setting repeat it
-    last = [None] * 7
+    # the last serial call into a given out, repeated for the same arrays under the same
+    # thread setting: (out, W, B, generation, kernel, the arguments after X, a weak reference
+    # to X: a caller's input is not kept alive by it), one tuple read and written whole
+    last = [_NEVER]
 
     def depthwise_at(X, W, B=None, out=None):
-        if out is last[3] and X is last[0] and W is last[1] and B is last[2] and \
-                out is not None and last[4] == _threads.generation and X.flags.c_contiguous and \
-                out.flags.writeable:
-            last[5](*last[6])
+        r = last[0]
+        if out is r[0] and W is r[1] and B is r[2] and r[6]() is X and \
+                r[3] == _threads.generation and X.flags.c_contiguous and out.flags.writeable:
+            r[4](X, *r[5])
             return out
         if W is not w_const or (B is not b_const if has_bias else B is not None) or \
                 X.shape != xshape or X.dtype != dtype or (out is not None and (
@@ -1965,12 +1972,12 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
         if _jit._parallel:
             kernel(X, *args, y)
         else:
-            call = (X, *args, y)
-            run = bound[0] or _jit.bind(bound, serial, call)
-            run(*call)
+            rest = (*args, y)
+            run = bound[0] or _jit.bind(bound, serial, (X, *rest))
+            run(X, *rest)
             # weights checked per call (checked) never repeat without their check
             if X is given and out is not None and not checked:
-                last[:] = (X, W, B, out, _jit._applied, run, call)
+                last[0] = (out, W, B, _jit._applied, run, rest, weakref.ref(X))
         return y
     return depthwise_at
 
@@ -1989,15 +1996,16 @@ def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, t
         w_cols = np.ascontiguousarray(w_const.reshape(wshape[0], -1).T).reshape(-1)
         w_cols.flags.writeable = False
 
-    # (X, W, B, out, kernel, its arguments) of the last call that ran a bound kernel into a
-    # given out with the plan's own weights and bias: the same four objects again repeat it
-    last = [None] * 6
+    # the last call that ran a bound kernel into a given out with the plan's own weights and
+    # bias, repeated for the same arrays: as in _depthwise_site (its kernels are serial: no
+    # thread setting in the record)
+    last = [_NEVER]
 
     def conv_small_at(X, W, B=None, out=None):
-        if out is last[3] and X is last[0] and W is last[1] and B is last[2] and \
-                out is not None and X.flags.c_contiguous and \
-                out.flags.writeable:
-            last[4](*last[5])
+        r = last[0]
+        if out is r[0] and W is r[1] and B is r[2] and r[6]() is X and \
+                X.flags.c_contiguous and out.flags.writeable:
+            r[4](X, *r[5])
             return out
         if X.shape != xshape or X.dtype != dtype or (B is None) == has_bias or (
                 out is not None and (out.shape != yshape or out.dtype != dtype or
@@ -2020,17 +2028,17 @@ def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, t
             X = np.ascontiguousarray(X)
         y = np.empty(yshape, dtype) if out is None else out
         if w_cols is not None and W is w_const:
-            args = (X, w_cols, bias, table, y)
-            run = by_channels[0] or _jit.bind(by_channels, _small_conv_by_channels, args)
+            rest = (w_cols, bias, table, y)
+            run = by_channels[0] or _jit.bind(by_channels, _small_conv_by_channels, (X, *rest))
         elif W is w_const and bias is b_ready:  # the plan's own arrays: types fixed
-            args = (X, W, bias, table, y)
-            run = bound[0] or _jit.bind(bound, kernel, args)
+            rest = (W, bias, table, y)
+            run = bound[0] or _jit.bind(bound, kernel, (X, *rest))
         else:
             kernel(X, W, bias, table, y)
             return y
-        run(*args)
-        if X is given and out is not None and bias is b_ready:  # nothing copied into args
-            last[:] = (X, W, B, out, run, args)
+        run(X, *rest)
+        if X is given and out is not None and bias is b_ready:  # nothing copied into rest
+            last[0] = (out, W, B, None, run, rest, weakref.ref(X))
         return y
     return conv_small_at
 
