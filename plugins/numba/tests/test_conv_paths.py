@@ -86,6 +86,14 @@ CASES = [
     # rows or with 64 taps
     (conv._BY_IMAGE, (1, 3, 128, 256), (16, 3, 8, 8), dict(strides=(8, 8))),
     (conv._ONE_GEMM, (2, 3, 16, 16), (5, 3, 4, 4), dict(strides=(4, 4))),
+    # no padding, every window inside the plane: the columns read the input itself (patches
+    # that leave the last rows and columns out, dilated and grouped windows); pads only at
+    # the end keep the zero-bordered copy
+    (conv._BY_IMAGE, (1, 2, 17, 13), (3, 2, 4, 4), dict(strides=(4, 4))),
+    (conv._BY_IMAGE, (1, 2, 11, 11), (3, 2, 3, 3), dict(dilations=(2, 2))),
+    (conv._ONE_GEMM, (2, 4, 9, 8), (6, 2, 3, 3), dict(group=2, strides=(1, 2))),
+    (conv._BY_IMAGE, (1, 2, 9, 9), (3, 2, 3, 3), dict(pads=(0, 0, 2, 2))),
+    (conv._ONE_GEMM, (2, 2, 9, 9), (3, 2, 3, 3), dict(pads=(0, 0, 1, 2), strides=(2, 2))),
     (conv._DW_NHWC, (2, 20, 4, 4), (20, 1, 5, 5), dict(group=20, pads=(2, 2, 2, 2))),
     (conv._DW_NHWC, (2, 17, 13, 12), (17, 1, 3, 3), dict(group=17, strides=(2, 3),
                                                          pads=(2, 1, 0, 1), dilations=(2, 1))),

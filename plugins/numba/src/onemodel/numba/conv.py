@@ -148,29 +148,37 @@ def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols, by_image):
     xf = x.reshape(x.size)
     cf = cols.reshape(cols.size)
     planes = n_img * c_in
+    # no padding and every window inside the plane (a ViT's patches, valid convolutions): the
+    # columns read the input itself, without the copy into a scratch plane (8x8 stride 8 on
+    # 2x3x32x32: the copy was half the work)
+    inside = ph == 0 and pw == 0 and hp <= h and wp <= w
     for task in prange((planes + _PLANES_PER_TASK - 1) // _PLANES_PER_TASK):
-        pad = np.zeros(hp * wp, x.dtype)
+        pad = np.zeros(0 if inside else hp * wp, x.dtype)
         for t in range(task * _PLANES_PER_TASK, min(planes, (task + 1) * _PLANES_PER_TASK)):
             n = t // c_in
             c = t % c_in
             src = t * h * w
-            for a in range(h):  # the plane inside its zero border
-                at = (a + ph) * wp + pw
-                for b in range(w):
-                    pad[U(at + b)] = xf[U(src + a * w + b)]
+            if inside:
+                plane, first, stride = xf, src, w
+            else:
+                for a in range(h):  # the plane inside its zero border
+                    at = (a + ph) * wp + pw
+                    for b in range(w):
+                        pad[U(at + b)] = xf[U(src + a * w + b)]
+                plane, first, stride = pad, 0, wp
             for i in range(kh):
                 for j in range(kw):
                     r = c * kk + i * kw + j
                     row = ((n * rows + r) if by_image else (r * n_img + n)) * length
                     for y in range(oh):
-                        at = (y * sh + i * dh) * wp + j * dw
+                        at = first + (y * sh + i * dh) * stride + j * dw
                         base = row + y * ow
                         if sw == 1:
                             for q in range(ow):
-                                cf[U(base + q)] = pad[U(at + q)]
+                                cf[U(base + q)] = plane[U(at + q)]
                         else:
                             for q in range(ow):
-                                cf[U(base + q)] = pad[U(at + q * sw)]
+                                cf[U(base + q)] = plane[U(at + q * sw)]
 
 
 @jit(parallel=True)
