@@ -251,11 +251,12 @@ def test_an_out_made_read_only_after_use_is_not_written(kernel, inputs, attrs, c
     assert not out.any()
 
 
-# the planned calls that repeat their last bound call when handed the same arrays again (a
-# plan hands the same buffers every run): depthwise, small convolution, pools
+# planned calls handed the same array objects call after call, as a plan hands its buffers run
+# after run: whatever a call keeps from one call to the next (bound code, views of its out=),
+# the values and flags of those arrays may have changed in between
 def _frozen(a):
     """``a``'s values read-only over immutable bytes, as a constant loaded from a file is: the
-    planned calls prepare such weights once and repeat calls without checking them."""
+    planned calls prepare such weights once and do not check them per call."""
     return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
 
 
@@ -264,10 +265,10 @@ def _with_frozen_constants(case):
     return kernel, [_frozen(a) if i in consts else a for i, a in enumerate(inputs)], attrs, consts
 
 
-REPEATS = [CASES[5], CASES[6], _with_frozen_constants(CASES[-3]),
+SAME_ARRAYS = [CASES[5], CASES[6], _with_frozen_constants(CASES[-3]),
            _with_frozen_constants(CASES[-2]),
            (pool.global_average_pool, [_x(2, 6, 1, 1)], {}, ())]
-REPEAT_IDS = ["max_pool", "average_pool", "depthwise", "small_conv", "global_average_1x1"]
+SAME_IDS = ["max_pool", "average_pool", "depthwise", "small_conv", "global_average_1x1"]
 
 
 def _planned(kernel, inputs, attrs, consts):
@@ -277,8 +278,8 @@ def _planned(kernel, inputs, attrs, consts):
     return site, call
 
 
-@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
-def test_a_repeated_call_reads_the_arrays_values_now(kernel, inputs, attrs, consts, binds):
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", SAME_ARRAYS, ids=SAME_IDS)
+def test_a_call_on_the_same_arrays_reads_their_values_now(kernel, inputs, attrs, consts, binds):
     """The same input and out objects again, their values changed in place in between: each
     call gives the generic call's values for what the input holds now."""
     site, call = _planned(kernel, inputs, attrs, consts)
@@ -291,12 +292,11 @@ def test_a_repeated_call_reads_the_arrays_values_now(kernel, inputs, attrs, cons
         assert np.array_equal(out, _first(site.generic(x, *rest)), equal_nan=True)
 
 
-@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
-def test_a_strided_input_is_never_repeated_from_its_copy(kernel, inputs, attrs, consts,
-                                                         binds):
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", SAME_ARRAYS, ids=SAME_IDS)
+def test_a_strided_input_is_copied_again_each_call(kernel, inputs, attrs, consts, binds):
     """A strided input is copied for the kernel: the same strided array again, its values
-    changed, must be copied again (a repeat of the first call's arguments would read the
-    stale copy)."""
+    changed, must be copied again (a call that kept the first call's arguments would read
+    the stale copy)."""
     site, call = _planned(kernel, inputs, attrs, consts)
     x = _strided(inputs[0])
     rest = list(inputs[1:])
@@ -307,10 +307,10 @@ def test_a_strided_input_is_never_repeated_from_its_copy(kernel, inputs, attrs, 
         assert np.array_equal(out, _first(site.generic(x, *rest)), equal_nan=True)
 
 
-@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
-def test_an_input_restrided_in_place_is_not_repeated(kernel, inputs, attrs, consts, binds):
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", SAME_ARRAYS, ids=SAME_IDS)
+def test_an_input_restrided_in_place_is_read_with_its_new_strides(kernel, inputs, attrs, consts, binds):
     """The same array object given new strides in place (deprecated in NumPy, still possible):
-    the repeat would read it as contiguous, so it must not be taken."""
+    a call that trusted the object it saw before would read it as contiguous."""
     site, call = _planned(kernel, inputs, attrs, consts)
     base = np.zeros(2 * inputs[0].size, inputs[0].dtype)
     x = base[:inputs[0].size].reshape(inputs[0].shape)
@@ -326,8 +326,8 @@ def test_an_input_restrided_in_place_is_not_repeated(kernel, inputs, attrs, cons
     assert np.array_equal(out, _first(site.generic(x, *rest)), equal_nan=True)
 
 
-@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
-def test_a_repeat_is_refused_an_out_made_read_only(kernel, inputs, attrs, consts, binds):
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", SAME_ARRAYS, ids=SAME_IDS)
+def test_an_out_made_read_only_between_calls_is_refused(kernel, inputs, attrs, consts, binds):
     """An out= that was filled, then made read-only: the next call with the same arrays is
     refused as the generic call refuses it, and the out is left as it was."""
     site, call = _planned(kernel, inputs, attrs, consts)
@@ -378,11 +378,11 @@ def test_a_depthwise_call_with_writable_weights_checks_them_every_call(binds):
     assert np.array_equal(out, want, equal_nan=True)
 
 
-@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
-def test_a_repeatable_call_does_not_keep_a_callers_input_alive(kernel, inputs, attrs, consts,
-                                                               binds):
-    """The record of the last call holds its input weakly: a caller's array is freed when
-    the caller drops it, however large."""
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", SAME_ARRAYS, ids=SAME_IDS)
+def test_a_planned_call_does_not_keep_a_callers_input_alive(kernel, inputs, attrs, consts,
+                                                             binds):
+    """Nothing a planned call keeps holds its input: a caller's array is freed when the
+    caller drops it, however large."""
     import gc
     import weakref
 
@@ -396,12 +396,12 @@ def test_a_repeatable_call_does_not_keep_a_callers_input_alive(kernel, inputs, a
     assert gone() is None
 
 
-@pytest.mark.parametrize("kernel,inputs,attrs,consts", REPEATS, ids=REPEAT_IDS)
-def test_threads_repeating_calls_into_their_own_outs_each_get_their_own(kernel, inputs, attrs,
-                                                                        consts, binds):
+@pytest.mark.parametrize("kernel,inputs,attrs,consts", SAME_ARRAYS, ids=SAME_IDS)
+def test_threads_calling_into_their_own_outs_each_get_their_own(kernel, inputs, attrs, consts,
+                                                                 binds):
     """Two threads calling one planned call at once, each with its own input and out (two
     runs of a plan hold two buffer sets): each out gets the generic call's values for its own
-    input, however their records interleave."""
+    input, however their calls interleave."""
     import threading
 
     site, call = _planned(kernel, inputs, attrs, consts)

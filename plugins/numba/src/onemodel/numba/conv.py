@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 
 import numpy as np
 
 from numba import prange
-from onemodel.tensors import threads as _threads
 from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.nn import _convt_geometry, _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
@@ -853,7 +851,8 @@ def _skinny_gemm(w, xt, of, rs, cs):
         j = blk * 4
         if ahead:
             # the weights of the block `ahead` on requested now, to arrive while these are
-            # multiplied (weights from memory, not cache: 1280 x 320 by 8 columns 209 -> 149 us)
+            # multiplied (benchmarks/planned_calls.py: 1280 x 320 by 8 columns, the weights out
+            # of cache, 212-220 -> 146-154 us)
             p = (j + 4 * ahead) * k
             end = min(p + 4 * k, wf.size)
             while p < end:
@@ -1941,11 +1940,6 @@ def _without_dead_taps(site: CallSite, plan, w_const, act: int):
     return trimmed_at
 
 
-# the record of a repeatable call before its first one: no out is this object, and its weak
-# reference gives None, which no input is
-_NEVER = (object(), None, None, None, None, (), lambda: None)
-
-
 def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, b_ready,
                     has_bias, act, group, conv_at):
     """The planned call of a depthwise convolution with constant weights: the kernel and its
@@ -1975,36 +1969,20 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
     serial = kernel.serial
     bound = [None]  # serial's machine code for these types (_jit.entry), from the first call
 
-    # the last serial call into a given out, repeated for the same arrays under the same
-    # thread setting: (out, W, B, generation, kernel, the arguments after X, a weak reference
-    # to X: a caller's input is not kept alive by it), one tuple read and written whole
-    last = [_NEVER]
-
     def depthwise_at(X, W, B=None, out=None):
-        r = last[0]
-        if out is r[0] and W is r[1] and B is r[2] and r[6]() is X and \
-                r[3] == _threads.generation and X.flags.c_contiguous and out.flags.writeable:
-            r[4](X, *r[5])
-            return out
         if W is not w_const or (B is not b_const if has_bias else B is not None) or \
                 X.shape != xshape or X.dtype != dtype or (out is not None and (
                     out.shape != yshape or out.dtype != dtype or not out.flags.carray)
                 ) or (checked and not _all_finite(w_ready)):
             return conv_at(X, W, B, out=out)
         sync_threads()
-        given = X
         if not X.flags.c_contiguous:
             X = np.ascontiguousarray(X)
         y = np.empty(yshape, dtype) if out is None else out
         if _jit._parallel:
             kernel(X, *args, y)
         else:
-            rest = (*args, y)
-            run = bound[0] or _jit.bind(bound, serial, (X, *rest))
-            run(X, *rest)
-            # weights checked per call (checked) never repeat without their check
-            if X is given and out is not None and not checked:
-                last[0] = (out, W, B, _jit._applied, run, rest, weakref.ref(X))
+            (bound[0] or _jit.bind(bound, serial, (X, *args, y)))(X, *args, y)
         return y
     return depthwise_at
 
@@ -2023,17 +2001,7 @@ def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, t
         w_cols = np.ascontiguousarray(w_const.reshape(wshape[0], -1).T).reshape(-1)
         w_cols.flags.writeable = False
 
-    # the last call that ran a bound kernel into a given out with the plan's own weights and
-    # bias, repeated for the same arrays: as in _depthwise_site (its kernels are serial: no
-    # thread setting in the record)
-    last = [_NEVER]
-
     def conv_small_at(X, W, B=None, out=None):
-        r = last[0]
-        if out is r[0] and W is r[1] and B is r[2] and r[6]() is X and \
-                X.flags.c_contiguous and out.flags.writeable:
-            r[4](X, *r[5])
-            return out
         if X.shape != xshape or X.dtype != dtype or (B is None) == has_bias or (
                 out is not None and (out.shape != yshape or out.dtype != dtype or
                                      not out.flags.carray)):
@@ -2050,22 +2018,16 @@ def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, t
             if W.shape != wshape or W.dtype != dtype:
                 return generic(X, W, B, out=out)
             W = np.ascontiguousarray(W)
-        given = X
         if not X.flags.c_contiguous:
             X = np.ascontiguousarray(X)
         y = np.empty(yshape, dtype) if out is None else out
         if w_cols is not None and W is w_const:
-            rest = (w_cols, bias, table, y)
-            run = by_channels[0] or _jit.bind(by_channels, _small_conv_by_channels, (X, *rest))
+            (by_channels[0] or _jit.bind(by_channels, _small_conv_by_channels,
+                                         (X, w_cols, bias, table, y)))(X, w_cols, bias, table, y)
         elif W is w_const and bias is b_ready:  # the plan's own arrays: types fixed
-            rest = (W, bias, table, y)
-            run = bound[0] or _jit.bind(bound, kernel, (X, *rest))
+            (bound[0] or _jit.bind(bound, kernel, (X, W, bias, table, y)))(X, W, bias, table, y)
         else:
             kernel(X, W, bias, table, y)
-            return y
-        run(X, *rest)
-        if X is given and out is not None and bias is b_ready:  # nothing copied into rest
-            last[0] = (out, W, B, None, run, rest, weakref.ref(X))
         return y
     return conv_small_at
 

@@ -6,14 +6,12 @@ loops never test for padding; parallel over the N*C planes."""
 from __future__ import annotations
 
 import math
-import weakref
 from functools import cache, lru_cache, partial
 
 import numpy as np
 
 from numba import prange
 from onemodel.tensors import OneModelError
-from onemodel.tensors import threads as _threads
 from onemodel.tensors.ops.nn import _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
@@ -846,44 +844,27 @@ def _fits(out, oshape, dtype) -> bool:
     return out.shape == oshape and out.dtype == dtype and out.flags.carray
 
 
-# the record of a repeatable call before its first one: no out is this object, and its weak
-# reference gives None, which no input is
-_NEVER = (object(), None, None, (), lambda: None)
-
-
 def _pool_at(shape, dtype, oshape, kernel, x_flat, out_flat, tail, generic):
     """The specialized call of a pooling kernel: an input of the planned shape and dtype (and an
     ``out=`` as the contract promises) goes to ``kernel(X.reshape(x_flat),
     out.reshape(out_flat), *tail)``; anything else to the generic call."""
     bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
-    # the last serial call into a given out, repeated for the same arrays under the same
-    # thread setting: (out, generation, kernel, the arguments after the input's flat view, a
-    # weak reference to X: a caller's input is not kept alive by it), read and written whole
-    last = [_NEVER]
 
     def pool_at(X, out=None):
-        r = last[0]
-        if out is r[0] and r[4]() is X and r[1] == _threads.generation and \
-                X.flags.c_contiguous and out.flags.writeable:
-            r[2](X.reshape(x_flat), *r[3])
-            return out
         if X.shape != shape or X.dtype != dtype or (out is not None
                                                     and not _fits(out, oshape, dtype)):
             return generic(X, out=out)
         sync_threads()
-        given = X
         if not X.flags.c_contiguous:
             X = np.ascontiguousarray(X)
-        y = np.empty(oshape, dtype) if out is None else out
-        x, rest = X.reshape(x_flat), (y.reshape(out_flat), *tail)
+        if out is None:
+            out = np.empty(oshape, dtype)
+        x, y = X.reshape(x_flat), out.reshape(out_flat)
         if _jit._parallel:
-            kernel(x, *rest)
+            kernel(x, y, *tail)
         else:
-            run = bound[0] or _jit.bind(bound, kernel.serial, (x, *rest))
-            run(x, *rest)
-            if X is given and out is not None:
-                last[0] = (out, _jit._applied, run, rest, weakref.ref(X))
-        return y
+            (bound[0] or _jit.bind(bound, kernel.serial, (x, y, *tail)))(x, y, *tail)
+        return out
     return pool_at
 
 

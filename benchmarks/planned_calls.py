@@ -1,0 +1,153 @@
+"""The numba plugin's planned calls timed alone, one thread: the per-call cost a plan pays around
+its kernels, and the weights' trip from memory. No onnxruntime here (its per-node figures come
+with its own session's cost; see single_ops.py and realmodels.py for paired comparisons):
+
+- small calls: a planned depthwise convolution, small convolution and MaxPool called with the
+  same input and out= arrays each time (as a plan's buffers come) and with one of eight input
+  arrays in turn (as a caller's fresh arrays come);
+- 1x1: a planned 1x1 convolution (bias and Relu) over small planes;
+- patches: a ViT's and a ConvNeXt's patch convolution;
+- skinny: the numba product of few columns by weights in cache (the call repeated) and out of
+  cache (64 MiB read between calls, as a model's other weights and onnxruntime's evict them).
+
+Each figure is the median of many calls in microseconds.
+
+    python benchmarks/planned_calls.py [--calls 400]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+             "ONEMODEL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from functools import partial  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def _median_us(fn, calls: int, before=None) -> float:
+    for _ in range(min(30, calls)):
+        fn()
+    times = []
+    for _ in range(calls):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def _frozen(rng, shape):
+    """Random weights read-only over immutable bytes, as a model file's constants are."""
+    return np.frombuffer(rng.standard_normal(shape).astype(np.float32).tobytes(),
+                         np.float32).reshape(shape)
+
+
+def _planned(kernel, inputs, attrs, consts):
+    """The plan's specialized call for these inputs (constants at positions ``consts``) and the
+    generic call's result."""
+    from onemodel.tensors.ops.specialize import CallSite, specialize
+
+    generic = partial(kernel, **attrs)
+    want = generic(*inputs)
+    site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
+                    tuple(a if i in consts else None for i, a in enumerate(inputs)),
+                    dict(attrs), (want.shape,), generic)
+    call = specialize(kernel, site)
+    return (call or generic), want
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=400)
+    args = parser.parse_args(argv)
+    from onemodel.numba import conv, pool
+    from onemodel.tensors import threads
+
+    threads.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    calls = args.calls
+
+    print("small calls: the same arrays each call / another input array each call (us)")
+    cases = [
+        ("depthwise 2x48x8x8 3x3", conv.fused_conv, (2, 48, 8, 8), (48, 1, 3, 3),
+         dict(activation="Relu", group=48, pads=(1, 1, 1, 1))),
+        ("depthwise 2x144x2x2 3x3", conv.fused_conv, (2, 144, 2, 2), (144, 1, 3, 3),
+         dict(activation="Relu", group=144, pads=(1, 1, 1, 1))),
+        ("small conv 2x96x2x2 -> 16", conv.conv, (2, 96, 2, 2), (16, 96, 1, 1), {}),
+        ("small conv 2x48x4x4 -> 8", conv.conv, (2, 48, 4, 4), (8, 48, 1, 1), {}),
+    ]
+    for label, kernel, xs, ws, attrs in cases:
+        x = rng.standard_normal(xs).astype(np.float32)
+        w, b = _frozen(rng, ws), _frozen(rng, (ws[0],))
+        call, want = _planned(kernel, [x, w, b], attrs, (1, 2))
+        out = np.empty_like(want)
+        fresh = [x.copy() for _ in range(8)]
+        k = [0]
+
+        def new_input(call=call, w=w, b=b, out=out, fresh=fresh, k=k):
+            k[0] = (k[0] + 1) % len(fresh)
+            call(fresh[k[0]], w, b, out=out)
+        same = _median_us(partial(call, x, w, b, out=out), calls)
+        print(f"  {label:34s} {same:7.2f} / {_median_us(new_input, calls):7.2f}")
+    x = rng.standard_normal((2, 64, 31, 31)).astype(np.float32)
+    mp = dict(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1)
+    call, want = _planned(pool.max_pool, [x], mp, ())
+    out = np.empty_like(want)
+    fresh = [x.copy() for _ in range(8)]
+    k = [0]
+
+    def new_pool_input():
+        k[0] = (k[0] + 1) % len(fresh)
+        call(fresh[k[0]], out=out)
+    same = _median_us(partial(call, x, out=out), calls)
+    print(f"  {'MaxPool 2x64x31x31 3x3/2':34s} {same:7.2f} / {_median_us(new_pool_input, calls):7.2f}")
+
+    print("1x1 convolution, bias and Relu, planned (us)")
+    for xs, ws in (((2, 16, 32, 32), (16, 16, 1, 1)), ((2, 24, 16, 16), (72, 24, 1, 1)),
+                   ((2, 40, 8, 8), (120, 40, 1, 1)), ((2, 80, 4, 4), (480, 80, 1, 1))):
+        x = rng.standard_normal(xs).astype(np.float32)
+        w, b = _frozen(rng, ws), _frozen(rng, (ws[0],))
+        call, want = _planned(conv.fused_conv, [x, w, b], dict(activation="Relu"), (1, 2))
+        out = np.empty_like(want)
+        label = f"{'x'.join(map(str, xs))} -> {ws[0]}"
+        print(f"  {label:34s} {_median_us(partial(call, x, w, b, out=out), calls):7.2f}")
+
+    print("patch convolutions, planned (us)")
+    for xs, ws in (((2, 3, 32, 32), (32, 3, 8, 8)), ((2, 3, 64, 64), (96, 3, 4, 4))):
+        x = rng.standard_normal(xs).astype(np.float32)
+        w, b = _frozen(rng, ws), _frozen(rng, (ws[0],))
+        k = ws[2]
+        attrs = dict(kernel_shape=(k, k), strides=(k, k))
+        call, want = _planned(conv.conv, [x, w, b], attrs, (1, 2))
+        out = np.empty_like(want)
+        label = f"{'x'.join(map(str, xs))} {k}x{k}/{k} -> {ws[0]}"
+        print(f"  {label:34s} {_median_us(partial(call, x, w, b, out=out), calls):7.2f}")
+
+    print("skinny product, weights in cache / out of cache (us)")
+    sweep = np.ones(16 << 20, np.float32)  # 64 MiB: more than the last-level cache
+    product = conv._skinny_gemm.serial
+    for m, kk, n, dtype in ((1280, 320, 8, np.float32), (1152, 192, 8, np.float32),
+                            (192, 1152, 8, np.float32), (1152, 192, 8, np.float64),
+                            (768, 768, 10, np.float32)):
+        w = rng.standard_normal((m, kk)).astype(dtype)
+        xt = rng.standard_normal((n, kk)).astype(dtype)
+        res = np.empty(m * n, dtype)
+        product(w, xt, res, n, 1)
+        assert np.allclose(res.reshape(m, n), w @ xt.T, rtol=1e-3, atol=1e-3)
+        hot = _median_us(partial(product, w, xt, res, n, 1), calls)
+        cold = _median_us(partial(product, w, xt, res, n, 1), max(20, calls // 8), sweep.sum)
+        label = f"{m} x {kk} by {n} {np.dtype(dtype).name}"
+        print(f"  {label:34s} {hot:7.1f} / {cold:7.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
