@@ -4,7 +4,7 @@ with its own session's cost; see single_ops.py and realmodels.py for paired comp
 
 - small calls: a planned depthwise convolution, small convolution and MaxPool called with the
   same input and out= arrays each time (as a plan's buffers come) and with one of eight input
-  arrays in turn (as a caller's fresh arrays come);
+  arrays in turn (as a caller's fresh arrays come); a global average over 1x1 planes;
 - 1x1: a planned 1x1 convolution (bias and Relu) over small planes;
 - patches: a ViT's and a ConvNeXt's patch convolution;
 - skinny: the numba product of few columns by weights in cache (the call repeated) and out of
@@ -109,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         call(fresh[k[0]], out=out)
     same = _median_us(partial(call, x, out=out), calls)
     print(f"  {'MaxPool 2x64x31x31 3x3/2':34s} {same:7.2f} / {_median_us(new_pool_input, calls):7.2f}")
+
+    x = rng.standard_normal((2, 1280, 1, 1)).astype(np.float32)
+    call, want = _planned(pool.global_average_pool, [x], {}, ())
+    out = np.empty_like(want)
+    print(f"  {'GlobalAveragePool 2x1280x1x1':34s} {_median_us(partial(call, x, out=out), calls):7.2f}")
 
     print("1x1 convolution, bias and Relu, planned (us)")
     for xs, ws in (((2, 16, 32, 32), (16, 16, 1, 1)), ((2, 24, 16, 16), (72, 24, 1, 1)),
