@@ -6,6 +6,7 @@ with its own session's cost; see single_ops.py and realmodels.py for paired comp
   same input and out= arrays each time (as a plan's buffers come) and with one of eight input
   arrays in turn (as a caller's fresh arrays come); a global average over 1x1 planes;
 - 1x1: a planned 1x1 convolution (bias and Relu) over small planes;
+- 3x3: planned 3x3 convolutions with 16-24 channels (Winograd's narrow rule);
 - patches: a ViT's and a ConvNeXt's patch convolution;
 - skinny: the numba product of few columns by weights in cache (the call repeated) and out of
   cache (64 MiB read between calls, as a model's other weights and onnxruntime's evict them).
@@ -121,6 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         x = rng.standard_normal(xs).astype(np.float32)
         w, b = _frozen(rng, ws), _frozen(rng, (ws[0],))
         call, want = _planned(conv.fused_conv, [x, w, b], dict(activation="Relu"), (1, 2))
+        out = np.empty_like(want)
+        label = f"{'x'.join(map(str, xs))} -> {ws[0]}"
+        print(f"  {label:34s} {_median_us(partial(call, x, w, b, out=out), calls):7.2f}")
+
+    print("3x3 convolutions, bias and Relu, planned (us)")
+    for xs, ws in (((1, 16, 54, 54), (64, 16, 3, 3)), ((1, 16, 56, 56), (16, 16, 3, 3)),
+                   ((2, 16, 32, 32), (64, 16, 3, 3)), ((1, 16, 13, 13), (64, 16, 3, 3)),
+                   ((2, 24, 16, 16), (48, 24, 3, 3))):
+        x = rng.standard_normal(xs).astype(np.float32)
+        w, b = _frozen(rng, ws), _frozen(rng, (ws[0],))
+        call, want = _planned(conv.fused_conv, [x, w, b],
+                              dict(activation="Relu", pads=(1, 1, 1, 1)), (1, 2))
         out = np.empty_like(want)
         label = f"{'x'.join(map(str, xs))} -> {ws[0]}"
         print(f"  {label:34s} {_median_us(partial(call, x, w, b, out=out), calls):7.2f}")

@@ -106,6 +106,25 @@ def test_only_constant_weights_on_one_thread_and_suitable_shapes(monkeypatch):
     assert conv._prepared_weights(plan, xs, _constant(w)) is None
 
 
+
+def test_narrow_convolutions_take_winograd_only_over_large_planes(monkeypatch):
+    """16-31 channels in or out: Winograd from 24x24 outputs on (it measured 0.67-0.83x the
+    columns there, and slower over 13x13 and 16x16 planes); fewer than 16 channels never."""
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", 32)  # the module's thresholds, not the
+    monkeypatch.setattr(winograd, "MIN_PLANE", 64)  # small ones the other tests admit
+    ws = (64, 16, 3, 3)
+
+    def fits(xs, ws):
+        plan = conv._plan(xs, ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
+        return winograd.fits(plan, xs, ws, 1)
+    assert fits((1, 16, 54, 54), ws)  # SqueezeNet's first fire modules at 224x224
+    assert fits((1, 16, 24, 24), (16, 16, 3, 3))
+    assert not fits((1, 16, 23, 23), ws)
+    assert not fits((1, 16, 13, 13), ws)
+    assert not fits((1, 8, 54, 54), (64, 8, 3, 3))
+    assert not fits((1, 32, 54, 54), (8, 32, 3, 3))
+    assert fits((1, 32, 13, 13), (32, 32, 3, 3))  # 32 channels: from 8x8 on, as before
+
 def test_a_folded_network_matches_onnxruntime():
     """Conv + BatchNorm + Relu, twice, exported as ONNX: the session folds each BatchNorm
     into its convolution (constants no one else holds, kept read-only) and runs the 3x3

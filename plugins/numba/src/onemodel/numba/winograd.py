@@ -6,7 +6,8 @@ the 16 products U[i] @ V[i] are one batched BLAS call, and numba transforms the 
 into NCHW with bias and activation. Relative error 3-7e-7 against the direct sum in float32.
 
 Chosen by :func:`fits` where it measured faster than the columns and one GEMM, on one
-thread: 32 or more channels in and out, planes of 64 to 4096 outputs (8x8 to 64x64). Against
+thread: 32 or more channels in and out, planes of 64 to 4096 outputs (8x8 to 64x64); 16 or
+more channels over planes of 576 to 4096 outputs. Against
 that path: 0.53-0.76x (1x128x14x14 -> 128 0.67 -> 0.36 ms, 1x64x56x56 -> 64 2.67 -> 1.68 ms,
 1x128x28x28 -> 128 2.64 -> 1.72 ms, 2x64x16x16 -> 64 0.43 -> 0.28 ms); 7x7 planes lose
 (products of 16 columns, 1.09x), 112x112 ones are even (0.77-1.08x); docs/benchmarks.md,
@@ -30,14 +31,22 @@ from .conv import _PLANES_PER_TASK, U, _activate_in_place
 MIN_CHANNELS = 32
 MIN_PLANE = 64
 MAX_PLANE = 4096
+# 16-31 channels in or out: Winograd only over planes of 576 outputs (24x24) or more, where
+# it measured 0.67-0.83x the columns and GEMM (benchmarks/planned_calls.py: 1x16x54x54 -> 64,
+# SqueezeNet's first fire modules at 224x224); over 13x13 and 16x16 planes it lost (1.06-1.43x)
+MIN_NARROW_CHANNELS = 16
+MIN_NARROW_PLANE = 576
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
 
 def fits(plan, xshape, wshape, group) -> bool:
     """Whether a convolution of this plan goes by Winograd (given constant weights)."""
     _path, (_n, m, oh, ow), s, _pb, d, k, _chunk = plan
-    return group == 1 and k == (3, 3) and s == (1, 1) and d == (1, 1) and \
-        xshape[1] >= MIN_CHANNELS and m >= MIN_CHANNELS and MIN_PLANE <= oh * ow <= MAX_PLANE
+    if group != 1 or k != (3, 3) or s != (1, 1) or d != (1, 1) or oh * ow > MAX_PLANE:
+        return False
+    if xshape[1] >= MIN_CHANNELS and m >= MIN_CHANNELS:
+        return oh * ow >= MIN_PLANE
+    return min(xshape[1], m) >= MIN_NARROW_CHANNELS and oh * ow >= MIN_NARROW_PLANE
 
 
 def weights(w: np.ndarray) -> np.ndarray:
