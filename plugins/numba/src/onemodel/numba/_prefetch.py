@@ -7,9 +7,10 @@ or a Linear layer over a few rows) waits on memory for each new block. The hardw
 follows long runs; the skinny product's blocks of four short rows read it as four short runs,
 which it barely starts on. Asked a few blocks ahead into L2 (locality 2: ``prefetcht1``), the
 lines arrive while the block before is multiplied: 1280 x 320 weights times 8 columns with
-the weights out of cache 215 -> 150 us, 1152 x 192 130 -> 76 us (docs/benchmarks.md,
-"Eighteenth round"). Into L1 (locality 3) it measured no gain: the early requests then
-crowd the loads the multiply waits on."""
+the weights out of cache 212-220 -> 124-154 us, 1152 x 192 133-135 -> 64-75 us
+(``python benchmarks/planned_calls.py``; docs/benchmarks.md, "Eighteenth round"). Into L1
+(locality 3) it measured no gain in a scratch timing: the early requests then crowd the loads
+the multiply waits on."""
 
 from __future__ import annotations
 

@@ -824,11 +824,11 @@ def _scatter(res, bias, has_bias, act, y):
 
 
 # blocks of four weight rows between a block's prefetch and its multiply: 4-16 measured alike
-# (1280 x 320 weights, 8 columns, out of cache); 1 and 2 a little slower
+# in scratch timings (1280 x 320 weights, 8 columns, out of cache); 1 and 2 a little slower
 _AHEAD = 4
 # rows of at most this many bytes are prefetched: longer ones are long runs the hardware
-# follows by itself (192 x 1152 and 768 x 768 float32 gained nothing out of cache and lost
-# 8-18% in cache)
+# follows by itself (scratch timings: 192 x 1152 and 768 x 768 float32 gained nothing out of
+# cache and lost 8-18% in cache)
 _PREFETCH_MAX_ROW = 1536
 
 

@@ -793,7 +793,7 @@ def _global_avg(x, out):
     vector lanes (it only reorders additions; NaN and infinities propagate as in numpy)."""
     planes, length = x.shape
     if length == 1:  # 1x1 planes: each mean is the value itself, copied in one vector loop
-        for p in prange(planes):  # (a sum per plane took 3.7 us for 2x1280 planes, this 0.4)
+        for p in prange(planes):  # (planned, 2x1280x1x1: 4.91 -> 1.55 us; planned_calls.py)
             out[p] = x[p, 0]
         return
     for p in prange(planes):

@@ -33,7 +33,8 @@ MIN_PLANE = 64
 MAX_PLANE = 4096
 # 16-31 channels in or out: Winograd only over planes of 576 outputs (24x24) or more, where
 # it measured 0.67-0.83x the columns and GEMM (benchmarks/planned_calls.py: 1x16x54x54 -> 64,
-# SqueezeNet's first fire modules at 224x224); over 13x13 and 16x16 planes it lost (1.06-1.43x)
+# SqueezeNet's first fire modules at 224x224); over 8x8 to 16x16 planes it lost (1.06-1.43x
+# in scratch timings)
 MIN_NARROW_CHANNELS = 16
 MIN_NARROW_PLANE = 576
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
