@@ -266,8 +266,8 @@ def _with_frozen_constants(case):
 
 
 SAME_ARRAYS = [CASES[5], CASES[6], _with_frozen_constants(CASES[-3]),
-           _with_frozen_constants(CASES[-2]),
-           (pool.global_average_pool, [_x(2, 6, 1, 1)], {}, ())]
+               _with_frozen_constants(CASES[-2]),
+               (pool.global_average_pool, [_x(2, 6, 1, 1)], {}, ())]
 SAME_IDS = ["max_pool", "average_pool", "depthwise", "small_conv", "global_average_1x1"]
 
 
