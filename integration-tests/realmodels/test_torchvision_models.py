@@ -75,3 +75,37 @@ def test_torchvision_detector_with_nms_agrees_with_onnxruntime():
             assert got[name].shape == expected.shape, (name, got[name].shape, expected.shape)
             np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-4,
                                        err_msg=f"{name} at {h}x{w}")
+
+
+@pytest.mark.torch
+def test_squeezenet_at_224_agrees_with_onnxruntime(monkeypatch):
+    """SqueezeNet at the size it was made for: its first fire modules' 3x3 convolutions (16 ->
+    64 channels over 55x55 planes) are the narrow ones the numba plugin runs by Winograd; the
+    whole network agrees with onnxruntime."""
+    narrow = []
+    try:
+        from onemodel.numba import winograd
+    except ImportError:  # the core without the plugin: the reference kernels
+        winograd = None
+    else:
+        fits = winograd.fits
+
+        def spy(plan, xshape, wshape, group):
+            taken = fits(plan, xshape, wshape, group)
+            if taken and min(xshape[1], wshape[0]) < winograd.MIN_CHANNELS:
+                narrow.append(xshape)
+            return taken
+        monkeypatch.setattr(winograd, "fits", spy)
+    path = tvm.exported("tv_squeezenet", "torchscript")
+    session = Session.load(path, threads=1)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    ref = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    name = session.graph.inputs[0].name
+    feeds = {name: np.random.default_rng(6).standard_normal((1, 3, 224, 224)).astype(np.float32)}
+    want = ref.run(None, feeds)[0]
+    got = next(iter(session.run(feeds, return_numpy=True).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+    if winograd is not None:  # fire2 and fire3's expand3x3 (each asked at least once)
+        assert len(narrow) >= 2 and set(narrow) == {(1, 16, 55, 55)}, narrow
