@@ -109,3 +109,35 @@ def test_squeezenet_at_224_agrees_with_onnxruntime(monkeypatch):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
     if winograd is not None:  # fire2 and fire3's expand3x3 (each asked at least once)
         assert len(narrow) >= 2 and set(narrow) == {(1, 16, 55, 55)}, narrow
+
+
+@pytest.mark.torch
+def test_densenet_by_register_tiles_agrees_with_onnxruntime(monkeypatch):
+    """DenseNet-121 at 2x3x64x64: the numba plugin runs its 7x7 stem and its 3x3 convolutions
+    over 4x4 and 2x2 planes (128 -> 32 channels) by register tiles; the whole network agrees
+    with onnxruntime."""
+    taken = []
+    try:
+        from onemodel.numba import tiled
+    except ImportError:  # the core without the plugin: the reference kernels
+        tiled = None
+    else:
+        real = tiled.Tiled.run
+
+        def spy(self, X, *args):
+            taken.append(X.shape)
+            return real(self, X, *args)
+        monkeypatch.setattr(tiled.Tiled, "run", spy)
+    path = tvm.exported("tv_densenet121", "torchscript")
+    session = Session.load(path, threads=1)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    ref = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    name = session.graph.inputs[0].name
+    feeds = {name: np.random.default_rng(7).standard_normal((2, 3, 64, 64)).astype(np.float32)}
+    want = ref.run(None, feeds)[0]
+    got = next(iter(session.run(feeds, return_numpy=True).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+    if tiled is not None and tiled.host_has_fma():
+        assert {(2, 3, 64, 64), (2, 128, 4, 4), (2, 128, 2, 2)} <= set(taken), sorted(set(taken))

@@ -1581,6 +1581,8 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
         return y
     if type(prepared) is _Winograd:  # constant weights of a 3x3 convolution it suits
         return prepared.run(X, prepared.u, bias, has_bias, act, plan, y, pick)
+    if prepared is not None and not isinstance(prepared, np.ndarray):  # tiled.Tiled
+        return prepared.run(X, bias, has_bias, act, plan, y)
     length = oh * ow
     c = X.shape[1]
     mg = m // group
@@ -1703,11 +1705,14 @@ def _prepared_weights(plan, xshape, w):
     path, (_, m, oh, ow) = plan[0], plan[1]
     if path == _DW_NHWC:
         return _channels_last_weights(w)
-    if path in (_BY_IMAGE, _ONE_GEMM) and not _jit._parallel:
-        from . import winograd
+    if path in (_BY_IMAGE, _ONE_GEMM, _SKINNY) and not _jit._parallel:
+        from . import tiled, winograd
 
-        if winograd.fits(plan, xshape, w.shape, xshape[1] // w.shape[1]):
+        group = xshape[1] // w.shape[1]
+        if path != _SKINNY and winograd.fits(plan, xshape, w.shape, group):
             return _Winograd(winograd.weights(w), winograd.run)
+        if w.dtype == np.float32 and tiled.fits(plan, xshape, w.shape, group):
+            return tiled.Tiled(w, plan, xshape)
     c = w.shape[1]
     if path == _SKINNY and xshape[2:] == (1, 1) and (oh, ow) == (1, 1) and \
             w.shape[2:] == (1, 1) and plan[3] == (0, 0) and c < m and \

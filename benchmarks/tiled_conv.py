@@ -1,0 +1,129 @@
+"""Register-tiled direct convolutions (the numba plugin's ``tiled`` module) against the path the
+same convolution takes without them (im2col columns and a BLAS GEMM, the skinny product, or
+Winograd) and against onnxruntime's Conv, on the convolutions of the real-model suite
+(``benchmarks/realmodels.py``: torchvision networks at 2x3x64x64, transformers at 2x3x32x32)
+that are not 1x1 and have constant float32 weights. One thread; bias and Relu on every call.
+
+Each row: the three medians in microseconds (the three engines timed in turn, paired), the
+tiles' time over the other path's and over onnxruntime's, whether :func:`tiled.fits` takes
+the tiles for it, and the tiles' arithmetic rate.
+
+    python benchmarks/tiled_conv.py [--calls 200]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+             "ONEMODEL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from functools import partial  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+# (input, weights, strides, pads, dilations, a model that has it)
+SHAPES = [
+    ((2, 3, 32, 32), (32, 3, 8, 8), 8, 0, 1, "vit (patches)"),
+    ((2, 3, 64, 64), (64, 3, 7, 7), 2, 3, 1, "tv_densenet121 (stem)"),
+    ((2, 3, 64, 64), (64, 3, 3, 3), 2, 0, 1, "tv_squeezenet (stem)"),
+    ((2, 3, 64, 64), (96, 3, 4, 4), 4, 0, 1, "tv_convnext_tiny (stem)"),
+    ((2, 16, 15, 15), (64, 16, 3, 3), 1, 1, 1, "tv_squeezenet"),
+    ((2, 32, 7, 7), (128, 32, 3, 3), 1, 1, 1, "tv_squeezenet"),
+    ((2, 48, 3, 3), (192, 48, 3, 3), 1, 1, 1, "tv_squeezenet"),
+    ((2, 64, 3, 3), (256, 64, 3, 3), 1, 1, 1, "tv_squeezenet"),
+    ((2, 128, 16, 16), (32, 128, 3, 3), 1, 1, 1, "tv_densenet121"),
+    ((2, 128, 8, 8), (32, 128, 3, 3), 1, 1, 1, "tv_densenet121"),
+    ((2, 128, 4, 4), (32, 128, 3, 3), 1, 1, 1, "tv_densenet121"),
+    ((2, 128, 2, 2), (32, 128, 3, 3), 1, 1, 1, "tv_densenet121"),
+    ((2, 64, 16, 16), (64, 64, 3, 3), 1, 1, 1, "tv_resnet18"),
+    ((2, 64, 16, 16), (128, 64, 3, 3), 2, 1, 1, "tv_resnet18"),
+    ((2, 128, 8, 8), (256, 128, 3, 3), 2, 1, 1, "tv_resnet18"),
+    ((2, 256, 4, 4), (256, 256, 3, 3), 1, 1, 1, "tv_resnet18"),
+    ((2, 96, 16, 16), (192, 96, 2, 2), 2, 0, 1, "tv_convnext_tiny"),
+    ((2, 192, 8, 8), (384, 192, 2, 2), 2, 0, 1, "tv_convnext_tiny"),
+    ((2, 128, 16, 16), (128, 128, 3, 3), 2, 1, 1, "tv_fcn_resnet50"),
+    ((2, 256, 8, 8), (256, 256, 3, 3), 1, 2, 2, "tv_fcn_resnet50"),
+    ((2, 512, 8, 8), (512, 512, 3, 3), 1, 4, 4, "tv_fcn_resnet50"),
+]
+
+
+def _onnxruntime(x, w, b, s, p, d):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[p] * 4, strides=[s, s],
+                              dilations=[d, d]), helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), opts,
+                                   providers=["CPUExecutionProvider"])
+    return lambda: session.run(None, {"x": x})[0]
+
+
+def _paired_us(fns, calls: int) -> list[float]:
+    for fn in fns:
+        for _ in range(10):
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(calls):
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) * 1e6 for ts in times]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args(argv)
+    from onemodel.numba import conv, tiled, winograd
+    from onemodel.tensors import threads
+
+    threads.set_num_threads(1)
+    if not tiled.host_has_fma():
+        print("this CPU has no AVX2/FMA: the tiles are never chosen")
+        return 0
+    rng = np.random.default_rng(0)
+    print(f"{'input':18s} {'weights':18s} s d  {'model':24s} {'other':>5s} {'us':>8s} "
+          f"{'tiles':>8s} {'ORT':>8s}  {'/other':>6s} {'/ORT':>5s} taken GMAC/s")
+    for xs, ws, s, p, d, model in SHAPES:
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = np.frombuffer(rng.standard_normal(ws).astype(np.float32).tobytes(),
+                          np.float32).reshape(ws)
+        b = rng.standard_normal(ws[0]).astype(np.float32)
+        plan = conv._plan(xs, ws, 4, ws[2:], (s, s), (p,) * 4, (d, d), "NOTSET", 1, True)
+        is_winograd = plan[0] in (conv._BY_IMAGE, conv._ONE_GEMM) and \
+            winograd.fits(plan, xs, ws, 1)
+        taken = isinstance(conv._prepared_weights(plan, xs, w), tiled.Tiled)
+        other = conv._Winograd(winograd.weights(w), winograd.run) if is_winograd else None
+        tiles = tiled.Tiled(w, plan, xs)
+        y_other, y_tiles = np.empty(plan[1], np.float32), np.empty(plan[1], np.float32)
+        ort_call = _onnxruntime(x, np.asarray(w), b, s, p, d)
+        t_other, t_tiles, t_ort = _paired_us(
+            [partial(conv._run, x, w, b, True, 1, 1, plan, y_other, other),
+             partial(tiles.run, x, b, True, 1, plan, y_tiles), ort_call], args.calls)
+        want = ort_call()
+        scale = max(float(np.abs(want).max()), 1.0)
+        assert float(np.abs(y_tiles - want).max()) <= 1e-5 * scale, (xs, ws)
+        n, m, oh, ow = plan[1]
+        macs = n * m * oh * ow * xs[1] * ws[2] * ws[3]
+        name = "wino" if is_winograd else {conv._SKINNY: "skinny"}.get(plan[0], "cols")
+        print(f"{xs!s:18s} {ws!s:18s} {s} {d}  {model:24s} {name:>5s} {t_other:8.1f} "
+              f"{t_tiles:8.1f} {t_ort:8.1f}  {t_tiles / t_other:6.2f} {t_tiles / t_ort:5.2f} "
+              f"{'yes' if taken else 'no':5s} {macs / t_tiles / 1e3:6.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

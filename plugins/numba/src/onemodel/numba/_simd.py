@@ -1,0 +1,103 @@
+"""Eight float32 lanes as one value in numba kernels: ``F32x8``, held in a vector register.
+
+Why: numba vectorizes loops, not register tiles. A convolution's inner loop that keeps twelve
+accumulators (three output pixels by 32 output channels) across every tap must hold them in
+registers; written as 96 scalars, LLVM's SLP vectorizer left them scalar (3.3 GMAC/s in a
+scratch timing), written with these it emits ``vfmadd231ps`` on ymm registers (44 GMAC/s on
+the same 2x16x15x15 -> 64 3x3 convolution). Each function here is one LLVM instruction or
+intrinsic; the type has no Python value and never leaves a compiled function.
+
+- ``load8(a, i)``: ``a[i:i + 8]`` (``a`` 1-D, contiguous float32; the caller keeps ``i + 8``
+  within ``a``: nothing is checked).
+- ``store8(a, i, v)``: ``a[i:i + 8] = v`` (the same contract).
+- ``splat8(x)``: eight copies of a float32 scalar.
+- ``fma8(a, b, c)``: ``a * b + c`` lane by lane, rounded once (``llvm.fma``).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+LANES = 8
+
+
+class F32x8(types.Type):
+    """The numba type of eight float32 lanes (LLVM ``<8 x float>``)."""
+
+    def __init__(self):
+        super().__init__(name="F32x8")
+
+
+f32x8 = F32x8()
+_VEC = ir.VectorType(ir.FloatType(), LANES)
+
+
+@register_model(F32x8)
+class _F32x8Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VEC)
+
+
+def _float32_array(arr) -> bool:
+    return isinstance(arr, types.Array) and arr.dtype == types.float32 and arr.ndim == 1
+
+
+def _address(context, builder, aryty, ary, index):
+    data = context.make_array(aryty)(context, builder, ary).data
+    return builder.bitcast(builder.gep(data, [index]), _VEC.as_pointer())
+
+
+@intrinsic
+def load8(typingctx, arr, index):
+    """``arr[index:index + 8]`` as one vector (unaligned load)."""
+    if not _float32_array(arr) or not isinstance(index, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_address(context, builder, sig.args[0], args[0], args[1]), align=4)
+    return f32x8(arr, index), codegen
+
+
+@intrinsic
+def store8(typingctx, arr, index, vec):
+    """``arr[index:index + 8] = vec`` (unaligned store)."""
+    if not _float32_array(arr) or not isinstance(index, types.Integer) or vec != f32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _address(context, builder, sig.args[0], args[0], args[1]),
+                      align=4)
+        return context.get_dummy_value()
+    return types.void(arr, index, vec), codegen
+
+
+@intrinsic
+def splat8(typingctx, x):
+    """Eight copies of the float32 ``x``."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        one = builder.insert_element(ir.Constant(_VEC, ir.Undefined), args[0],
+                                     ir.Constant(i32, 0))
+        return builder.shuffle_vector(one, ir.Constant(_VEC, ir.Undefined),
+                                      ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+    return f32x8(types.float32), codegen
+
+
+@intrinsic
+def fma8(typingctx, a, b, c):
+    """``a * b + c`` in each lane, rounded once."""
+    if not (a == b == c == f32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_VEC, [_VEC, _VEC, _VEC])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v8f32")
+        return builder.call(fn, list(args))
+    return f32x8(f32x8, f32x8, f32x8), codegen

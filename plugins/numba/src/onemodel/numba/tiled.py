@@ -1,0 +1,203 @@
+"""Direct convolution on register tiles, for float32 convolutions with constant weights whose
+im2col columns and GEMM are small: no columns, no BLAS call. Each step of the inner loop takes
+one tap (an input channel and a kernel position), broadcasts the input value under each of
+three output pixels and multiplies it into 32 output channels' weights, four vectors of eight
+(:mod:`._simd`): twelve vector accumulators stay in registers for the whole sum over the taps
+(C * kh * kw of them). The weights are packed once at plan time, 32 output channels side by
+side for each tap; the input is copied into zero-bordered planes, so the loop over the taps
+reads no bounds. The three pixels are consecutive in the flat (image, row, column) order, so
+small planes waste no lanes; the results of 96 pixels at a time are then stored to NCHW with
+the bias added and the activation applied.
+
+This is onnxruntime's NCHWc convolution kernel's shape (a block of output channels in a
+vector, input values broadcast), kept to NCHW tensors at both ends. Chosen by :func:`fits`
+where it measured faster than the columns and GEMM (and Winograd) on one thread; see the
+constants below and docs/benchmarks.md, "Nineteenth round"."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ._jit import jit
+from ._simd import fma8, load8, splat8, store8
+
+# _tiles compiles conv._activate into its own machine code, and numba's on-disk cache
+# revalidates that by this file's time stamp only: a change to the activations there must
+# come with a change here (as in winograd.py)
+from .conv import U, _activate
+
+BLOCK = 32  # output channels per tile: four vectors of eight
+
+
+@functools.lru_cache(maxsize=1)
+def host_has_fma() -> bool:
+    """Whether this CPU has AVX2 and FMA: without them each ``fma8`` becomes eight calls."""
+    from llvmlite import binding
+
+    features = binding.get_host_cpu_features()
+    return bool(features.get("avx2")) and bool(features.get("fma"))
+
+
+# Where the tiles measured faster than the columns and GEMM (python benchmarks/tiled_conv.py,
+# one thread): at least this many taps (C * kh * kw; a 3-channel image's 3x3 or 4x4 stem
+# convolution has 27-48, and spends its time around the loop: 1.4-1.9x), at most a quarter of
+# each block's channels computed in vain, and bordered input planes that stay in L2 (a
+# 2x512x8x8 convolution dilated by 4, whose bordered planes take 1 MiB: 1.46x). 1x1
+# convolutions stay with BLAS (strided ones copied whole planes for a quarter of them: 0.93-2.5x).
+MIN_TAPS = 96
+MAX_PLANES_BYTES = 512 << 10
+
+
+def fits(plan, xshape, wshape, group) -> bool:
+    """Whether a float32 convolution of this plan goes by register tiles (given constant,
+    immutable weights; the caller checks the dtype and the thread mode)."""
+    _path, (n, m, oh, ow), s, pb, d, k, _chunk = plan
+    if group != 1 or k == (1, 1) or min(pb) < 0 or not host_has_fma():
+        return False
+    blocks = -(-m // BLOCK)
+    if xshape[1] * k[0] * k[1] < MIN_TAPS or 4 * (blocks * BLOCK - m) > blocks * BLOCK:
+        return False
+    hp = _padded_size(xshape[2], oh, k[0], s[0], pb[0], d[0])
+    wq = _padded_size(xshape[3], ow, k[1], s[1], pb[1], d[1])
+    return n * xshape[1] * hp * wq * 4 <= MAX_PLANES_BYTES
+
+
+def weights(w: np.ndarray) -> np.ndarray:
+    """(M, C, kh, kw) -> flat (blocks, C * kh * kw, 32): each tap's 32 output channels side by
+    side; output channels past M are zero (computed, never stored)."""
+    m = w.shape[0]
+    taps = w[0].size
+    blocks = -(-m // BLOCK)
+    packed = np.zeros((blocks * BLOCK, taps), np.float32)
+    packed[:m] = w.reshape(m, taps)
+    return np.ascontiguousarray(packed.reshape(blocks, BLOCK, taps).transpose(0, 2, 1)).ravel()
+
+
+def _padded_size(size, out, k, s, p, d):
+    """Length of the zero-bordered input along one axis: every tap of every output inside."""
+    return max(size + p, (out - 1) * s + (k - 1) * d + 1)
+
+
+CHUNK = 96  # output pixels per pass before they are stored: 12 KiB of results
+
+
+@jit()
+def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y):
+    """y = act(conv(x) + bias) with the packed weights ``wp`` (:func:`weights`), the taps'
+    offsets into the bordered planes ``xoff``, and each output pixel's offset into them
+    (``pix_in``) and into one channel of y (``pix_out``). Pixels are taken three at a time
+    along the flat (image, row, column) order, so rows narrower than a tile waste nothing."""
+    n, c, h, w = x.shape
+    m, oh, ow = y.shape[1], y.shape[2], y.shape[3]
+    taps = xoff.shape[0]
+    npix = pix_in.shape[0]
+    blocks = (m + 31) // 32
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    planes = np.zeros(n * c * hp * wq, np.float32)  # the borders stay zero
+    for img in range(n):
+        for ch in range(c):
+            for r in range(h):
+                src = ((img * c + ch) * h + r) * w
+                dst = ((img * c + ch) * hp + r + ph) * wq + pw
+                for q in range(w):
+                    planes[U(dst + q)] = xf[U(src + q)]
+    res = np.empty(CHUNK * 32, np.float32)
+    zero = np.float32(0.0)
+    none = splat8(zero)
+    for blk in range(blocks):
+        wb = blk * taps * 32
+        for j0 in range(0, npix, CHUNK):
+            j1 = min(npix, j0 + CHUNK)
+            j = j0
+            while j + 3 <= j1:
+                a00, a01, a02, a03 = none, none, none, none
+                a10, a11, a12, a13 = none, none, none, none
+                a20, a21, a22, a23 = none, none, none, none
+                p0, p1, p2 = pix_in[U(j)], pix_in[U(j + 1)], pix_in[U(j + 2)]
+                for t in range(taps):
+                    xo = xoff[U(t)]
+                    wo = wb + t * 32
+                    w0 = load8(wp, U(wo))
+                    w1 = load8(wp, U(wo + 8))
+                    w2 = load8(wp, U(wo + 16))
+                    w3 = load8(wp, U(wo + 24))
+                    v = splat8(planes[U(p0 + xo)])
+                    a00 = fma8(v, w0, a00)
+                    a01 = fma8(v, w1, a01)
+                    a02 = fma8(v, w2, a02)
+                    a03 = fma8(v, w3, a03)
+                    v = splat8(planes[U(p1 + xo)])
+                    a10 = fma8(v, w0, a10)
+                    a11 = fma8(v, w1, a11)
+                    a12 = fma8(v, w2, a12)
+                    a13 = fma8(v, w3, a13)
+                    v = splat8(planes[U(p2 + xo)])
+                    a20 = fma8(v, w0, a20)
+                    a21 = fma8(v, w1, a21)
+                    a22 = fma8(v, w2, a22)
+                    a23 = fma8(v, w3, a23)
+                r0 = (j - j0) * 32
+                store8(res, U(r0), a00)
+                store8(res, U(r0 + 8), a01)
+                store8(res, U(r0 + 16), a02)
+                store8(res, U(r0 + 24), a03)
+                store8(res, U(r0 + 32), a10)
+                store8(res, U(r0 + 40), a11)
+                store8(res, U(r0 + 48), a12)
+                store8(res, U(r0 + 56), a13)
+                store8(res, U(r0 + 64), a20)
+                store8(res, U(r0 + 72), a21)
+                store8(res, U(r0 + 80), a22)
+                store8(res, U(r0 + 88), a23)
+                j += 3
+            while j < j1:  # the last one or two pixels, one at a time
+                a00, a01, a02, a03 = none, none, none, none
+                p0 = pix_in[U(j)]
+                for t in range(taps):
+                    wo = wb + t * 32
+                    v = splat8(planes[U(p0 + xoff[U(t)])])
+                    a00 = fma8(v, load8(wp, U(wo)), a00)
+                    a01 = fma8(v, load8(wp, U(wo + 8)), a01)
+                    a02 = fma8(v, load8(wp, U(wo + 16)), a02)
+                    a03 = fma8(v, load8(wp, U(wo + 24)), a03)
+                r0 = (j - j0) * 32
+                store8(res, U(r0), a00)
+                store8(res, U(r0 + 8), a01)
+                store8(res, U(r0 + 16), a02)
+                store8(res, U(r0 + 24), a03)
+                j += 1
+            for o in range(min(32, m - blk * 32)):
+                ch = (blk * 32 + o) * oh * ow
+                bo = bias[blk * 32 + o] if has_bias else zero
+                for jj in range(j0, j1):
+                    yf[U(pix_out[U(jj)] + ch)] = _activate(res[U((jj - j0) * 32 + o)] + bo,
+                                                           act, zero)
+
+
+class Tiled:
+    """A convolution's packed weights and tap offsets, made once at plan time; ``run`` does a
+    call (the plan's convolution goes this way: looked up once, not per call)."""
+
+    __slots__ = ("hp", "pix_in", "pix_out", "wp", "wq", "xoff")
+
+    def __init__(self, w: np.ndarray, plan, xshape):
+        _path, (n, m, oh, ow), s, pb, d, k, _chunk = plan
+        c, h, wd = xshape[1], xshape[2], xshape[3]
+        self.hp = hp = _padded_size(h, oh, k[0], s[0], pb[0], d[0])
+        self.wq = wq = _padded_size(wd, ow, k[1], s[1], pb[1], d[1])
+        self.wp = weights(w)
+        ch, i, j = np.meshgrid(np.arange(c), np.arange(k[0]), np.arange(k[1]), indexing="ij")
+        self.xoff = ((ch * hp + i * d[0]) * wq + j * d[1]).astype(np.int64).ravel()
+        img, oy, ox = np.meshgrid(np.arange(n), np.arange(oh), np.arange(ow), indexing="ij")
+        self.pix_in = (img * (c * hp * wq) + oy * (s[0] * wq) + ox * s[1]).astype(np.int64).ravel()
+        self.pix_out = (img * (m * oh * ow) + oy * ow + ox).astype(np.int64).ravel()
+
+    def run(self, X, bias, has_bias, act, plan, y):
+        """The convolution of C-contiguous float32 ``X`` into ``y`` (C-contiguous)."""
+        pb = plan[3]
+        _tiles(X, self.wp, self.xoff, self.pix_in, self.pix_out, bias, has_bias, act, pb[0],
+               pb[1], self.hp, self.wq, y)
+        return y

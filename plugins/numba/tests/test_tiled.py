@@ -1,0 +1,174 @@
+"""Register-tiled direct convolutions (onemodel.numba.tiled) against the reference kernel and
+PyTorch: strides, dilations, uneven pads, 1-D convolutions, output channels that leave part of
+a 32-channel block unused, pixel counts that leave one or two pixels after the tiles of three,
+every activation (NaN passes through as in the reference), with and without bias and ``out=``;
+taken only for float32 constant weights on one thread and the shapes :func:`tiled.fits`
+admits. torchvision's DenseNet-121 through a session against onnxruntime:
+integration-tests/realmodels/test_torchvision_models.py."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+from conv_arrays import conv_arrays
+
+from onemodel.numba import _jit, conv, tiled, winograd
+from onemodel.tensors.ops import OPS
+from onemodel.tensors.ops.specialize import CallSite, specialize
+
+pytestmark = pytest.mark.skipif(not tiled.host_has_fma(), reason="this CPU has no AVX2/FMA: "
+                                "the tiles are never chosen")
+
+ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6"]
+TOL = 5e-6  # relative to the output's scale: fused multiply-adds in another order
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch, no_small_convolutions):
+    """Serial kernels (the tiles run on one thread only), small shapes admitted."""
+    _jit.sync_threads()
+    monkeypatch.setattr(_jit, "_parallel", False)
+    monkeypatch.setattr(tiled, "MIN_TAPS", 1)
+
+
+def _constant(a: np.ndarray) -> np.ndarray:
+    """``a`` as a file's constant: a read-only view of immutable bytes."""
+    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
+
+
+def _site(x, w, b, attrs, act):
+    kernel = conv.fused_conv if act else conv.conv
+    attrs = {**attrs, **({"activation": act} if act else {})}
+    generic = partial(kernel, **attrs)
+    inputs = (x, w) if b is None else (x, w, b)
+    want = generic(*inputs)
+    site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
+                    (None, w, *(() if b is None else (b,))), attrs, (want.shape,), generic)
+    return kernel, site, inputs
+
+
+def _prepared(xs, ws, attrs):
+    x4, w4 = (xs, ws) if len(xs) == 4 else ((xs[0], xs[1], 1, xs[2]), (ws[0], ws[1], 1, ws[2]))
+    two = (lambda v: v) if len(xs) == 4 else (lambda v: None if v is None else (1, *v))
+    pads = attrs.get("pads")
+    if pads is not None and len(xs) == 3:
+        pads = (0, pads[0], 0, pads[1])
+    plan = conv._plan(x4, w4, 4, None, conv._key(two(attrs.get("strides"))), conv._key(pads),
+                      conv._key(two(attrs.get("dilations"))), attrs.get("auto_pad", "NOTSET"),
+                      1, True)
+    _, w, _ = conv_arrays(xs, ws, np.float32)
+    return conv._prepared_weights(plan, x4, _constant(w).reshape(w4))
+
+
+CASES = [  # (X shape, W shape, attrs): output pixels n*oh*ow noted where they end a tile early
+    ((2, 16, 15, 15), (64, 16, 3, 3), dict(pads=(1, 1, 1, 1))),  # SqueezeNet at 64x64: 450
+    ((1, 5, 7, 6), (48, 5, 3, 3), dict(pads=(1, 1, 1, 1))),  # 42; 48 of two blocks (64)
+    ((2, 6, 9, 11), (56, 6, 3, 3), dict(pads=(1, 1, 1, 1), strides=(2, 2))),  # 2x5x6 = 60
+    ((1, 4, 12, 10), (32, 4, 5, 5), dict(pads=(2, 0, 1, 3), dilations=(2, 1))),  # uneven
+    ((3, 3, 16, 16), (32, 3, 4, 4), dict(strides=(4, 4))),  # patches: 3x4x4 = 48
+    ((1, 7, 5, 4), (48, 7, 3, 3), {}),  # no padding: 3x2 = 6 pixels
+    ((1, 6, 4, 4), (32, 6, 3, 3), dict(pads=(1, 1, 1, 1))),  # 16: one left after the tiles
+    ((1, 6, 5, 1), (32, 6, 3, 3), dict(pads=(1, 1, 1, 1))),  # 5: two left
+    ((1, 8, 3, 3), (64, 8, 2, 2), dict(auto_pad="SAME_UPPER")),
+    ((2, 8, 40), (32, 8, 5), dict(pads=(2, 2), strides=(3,))),  # Conv1d
+    ((1, 4, 40, 40), (32, 4, 3, 3), dict(pads=(1, 1, 1, 1))),  # 1600: several chunks of 96
+]
+
+
+@pytest.mark.parametrize("xs, ws, attrs", CASES)
+def test_tiles_match_the_reference(xs, ws, attrs):
+    x, w, b = conv_arrays(xs, ws, np.float32, seed=3)
+    w = _constant(w)
+    assert isinstance(_prepared(xs, ws, attrs), tiled.Tiled)
+    scale = max(float(np.abs(OPS["Conv"].kernel(x, w, b, **attrs)).max()), 1.0)
+    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b, None)):
+        kernel, site, inputs = _site(x, w, bias, attrs, act)
+        call = specialize(kernel, site)
+        want = OPS["FusedConv" if act else "Conv"].kernel(
+            *inputs, **attrs, **({"activation": act} if act else {}))
+        got = call(*inputs)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert float(np.abs(got - want).max()) <= TOL * scale, act
+        out = np.full(want.shape, np.nan, np.float32)
+        assert call(*inputs, out=out) is out
+        assert float(np.abs(out - want).max()) <= TOL * scale, act
+
+
+def test_tiles_match_pytorch():
+    """An independent oracle: PyTorch's conv2d in float64 over a dilated, strided case."""
+    torch = pytest.importorskip("torch")
+    xs, ws = (2, 9, 17, 13), (64, 9, 3, 3)
+    attrs = dict(pads=(2, 1, 2, 1), strides=(2, 1), dilations=(2, 1))
+    x, w, b = conv_arrays(xs, ws, np.float32, seed=8)
+    w = _constant(w)
+    kernel, site, inputs = _site(x, w, b, attrs, "")
+    assert isinstance(_prepared(xs, ws, attrs), tiled.Tiled)
+    got = specialize(kernel, site)(*inputs)
+    want = torch.nn.functional.conv2d(
+        torch.from_numpy(x.astype(np.float64)), torch.from_numpy(w.astype(np.float64)),
+        torch.from_numpy(b.astype(np.float64)), stride=(2, 1), padding=(2, 1),
+        dilation=(2, 1)).numpy()
+    assert float(np.abs(got - want).max()) <= TOL * float(np.abs(want).max())
+
+
+def test_nan_and_inf_propagate_like_the_reference():
+    """A NaN input reaches every output whose window holds it, Relu keeps it (as np.maximum
+    does), and an infinite weight gives inf or NaN where the reference does."""
+    xs, ws = (1, 4, 6, 6), (32, 4, 3, 3)
+    x, w, b = conv_arrays(xs, ws, np.float32, seed=2)
+    x[0, 1, 2, 3] = np.nan
+    w[3, 2, 1, 1] = np.inf
+    w = _constant(w)
+    attrs = dict(pads=(1, 1, 1, 1))
+    for act in ("", "Relu"):
+        kernel, site, inputs = _site(x, w, b, attrs, act)
+        got = specialize(kernel, site)(*inputs)
+        want = OPS["FusedConv" if act else "Conv"].kernel(
+            *inputs, **attrs, **({"activation": act} if act else {}))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        assert np.isnan(got).any() and np.isinf(got).any()
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_taken_only_where_it_measured_faster(monkeypatch):
+    """float32 constants on one thread, no groups, not 1x1, at least MIN_TAPS taps, at most a
+    quarter of a block unused, bordered planes within MAX_PLANES_BYTES; Winograd first."""
+    monkeypatch.setattr(tiled, "MIN_TAPS", 96)
+
+    def fits(xs, ws, group=1, pads=(1, 1, 1, 1), strides=None):
+        plan = conv._plan(xs, ws, 4, None, strides, pads, None, "NOTSET", group, True)
+        return tiled.fits(plan, xs, ws, group)
+    assert fits((2, 16, 15, 15), (64, 16, 3, 3))  # 144 taps
+    assert not fits((2, 3, 64, 64), (64, 3, 3, 3), strides=(2, 2))  # a stem: 27 taps
+    assert fits((2, 3, 32, 32), (32, 3, 8, 8), pads=None, strides=(8, 8))  # patches: 192
+    assert not fits((2, 64, 16, 16), (128, 64, 1, 1), pads=None, strides=(2, 2))  # 1x1
+    assert not fits((2, 32, 8, 8), (64, 16, 3, 3), group=2)
+    assert fits((1, 16, 7, 7), (48, 16, 3, 3))  # 48 of 64: a quarter unused
+    assert not fits((1, 16, 7, 7), (40, 16, 3, 3))  # 40 of 64
+    assert fits((1, 128, 14, 14), (32, 128, 3, 3))  # 128 x 16 x 16 x 4 bytes: 128 KiB
+    assert not fits((2, 512, 16, 16), (64, 512, 3, 3))  # 1.3 MiB of bordered planes
+    xs, ws = (1, 32, 8, 8), (64, 32, 3, 3)
+    plan = conv._plan(xs, ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
+    _, w, _ = conv_arrays(xs, ws, np.float32, seed=4)
+    assert isinstance(conv._prepared_weights(plan, xs, _constant(w)), conv._Winograd)
+    monkeypatch.setattr(winograd, "MIN_PLANE", 1 << 30)
+    assert isinstance(conv._prepared_weights(plan, xs, _constant(w)), tiled.Tiled)
+    assert conv._prepared_weights(plan, xs, _constant(w.astype(np.float64))) is None
+    monkeypatch.setattr(_jit, "_parallel", True)
+    assert conv._prepared_weights(plan, xs, _constant(w)) is None
+
+
+def test_weights_changed_in_place_are_seen(monkeypatch):
+    """Weights that can change in place are not packed once: an update after planning shows."""
+    xs, ws = (1, 8, 9, 9), (32, 8, 3, 3)
+    x, w, b = conv_arrays(xs, ws, np.float32, seed=6)
+    attrs = dict(pads=(1, 1, 1, 1))
+    kernel, site, inputs = _site(x, w, b, attrs, "")
+    call = specialize(kernel, site)
+    w *= 2
+    np.testing.assert_allclose(call(*inputs), OPS["Conv"].kernel(x, w, b, **attrs),
+                               rtol=2e-5, atol=2e-5)
