@@ -111,11 +111,19 @@ def test_squeezenet_at_224_agrees_with_onnxruntime(monkeypatch):
         assert len(narrow) >= 2 and set(narrow) == {(1, 16, 55, 55)}, narrow
 
 
+TILED = [  # (model, inputs that the numba plugin's register tiles must see at 2x3x64x64)
+    # the 7x7 stem and the 3x3 convolutions over 4x4 and 2x2 planes (128 -> 32 channels)
+    ("tv_densenet121", {(2, 3, 64, 64), (2, 128, 4, 4), (2, 128, 2, 2)}),
+    # the 1x1 convolutions over 2x2 planes with 0.5-1.6 MiB of weights
+    ("tv_efficientnet_b0", {(2, 192, 2, 2), (2, 1152, 2, 2), (2, 320, 2, 2)}),
+]
+
+
 @pytest.mark.torch
-def test_densenet_by_register_tiles_agrees_with_onnxruntime(monkeypatch):
-    """DenseNet-121 at 2x3x64x64: the numba plugin runs its 7x7 stem and its 3x3 convolutions
-    over 4x4 and 2x2 planes (128 -> 32 channels) by register tiles; the whole network agrees
-    with onnxruntime."""
+@pytest.mark.parametrize("model, inputs", TILED, ids=[m for m, _ in TILED])
+def test_register_tiles_agree_with_onnxruntime(monkeypatch, model, inputs):
+    """Networks whose convolutions the numba plugin runs by register tiles (when the CPU has
+    AVX2 and FMA) agree with onnxruntime as a whole."""
     taken = []
     try:
         from onemodel.numba import tiled
@@ -128,7 +136,7 @@ def test_densenet_by_register_tiles_agrees_with_onnxruntime(monkeypatch):
             taken.append(X.shape)
             return real(self, X, *args)
         monkeypatch.setattr(tiled.Tiled, "run", spy)
-    path = tvm.exported("tv_densenet121", "torchscript")
+    path = tvm.exported(model, "torchscript")
     session = Session.load(path, threads=1)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
@@ -140,4 +148,4 @@ def test_densenet_by_register_tiles_agrees_with_onnxruntime(monkeypatch):
     got = next(iter(session.run(feeds, return_numpy=True).values()))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
     if tiled is not None and tiled.host_has_fma():
-        assert {(2, 3, 64, 64), (2, 128, 4, 4), (2, 128, 2, 2)} <= set(taken), sorted(set(taken))
+        assert inputs <= set(taken), sorted(set(taken))

@@ -1,5 +1,5 @@
 """Register-tiled direct convolutions (onemodel.numba.tiled) against the reference kernel and
-PyTorch: strides, dilations, uneven pads, 1-D convolutions, output channels that leave part of
+PyTorch: strides, dilations, uneven pads, 1-D and 1x1 convolutions, output channels that leave part of
 a 32-channel block unused, pixel counts that leave one or two pixels after the tiles of three,
 every activation (NaN passes through as in the reference), with and without bias and ``out=``;
 taken only for float32 constant weights on one thread and the shapes :func:`tiled.fits`
@@ -31,6 +31,7 @@ def one_thread(monkeypatch, no_small_convolutions):
     _jit.sync_threads()
     monkeypatch.setattr(_jit, "_parallel", False)
     monkeypatch.setattr(tiled, "MIN_TAPS", 1)
+    monkeypatch.setattr(tiled, "POINTWISE_MIN_WEIGHTS", 0)
 
 
 def _constant(a: np.ndarray) -> np.ndarray:
@@ -74,6 +75,9 @@ CASES = [  # (X shape, W shape, attrs): output pixels n*oh*ow noted where they e
     ((1, 8, 3, 3), (64, 8, 2, 2), dict(auto_pad="SAME_UPPER")),
     ((2, 8, 40), (32, 8, 5), dict(pads=(2, 2), strides=(3,))),  # Conv1d
     ((1, 4, 40, 40), (32, 4, 3, 3), dict(pads=(1, 1, 1, 1))),  # 1600: several chunks of 96
+    ((2, 8, 2, 2), (96, 8, 1, 1), {}),  # 1x1 over 8 pixels, three blocks (prefetch past the end)
+    ((1, 5, 3, 5), (64, 5, 1, 1), {}),  # 1x1 over 15 pixels
+    ((2, 7, 1, 1), (32, 7, 1, 1), {}),  # 1x1 over 2 pixels: no tile of three
 ]
 
 
@@ -135,9 +139,11 @@ def test_nan_and_inf_propagate_like_the_reference():
 
 
 def test_taken_only_where_it_measured_faster(monkeypatch):
-    """float32 constants on one thread, no groups, not 1x1, at least MIN_TAPS taps, at most a
-    quarter of a block unused, bordered planes within MAX_PLANES_BYTES; Winograd first."""
+    """float32 constants on one thread, no groups, at least MIN_TAPS taps, at most a quarter
+    of a block unused, bordered planes within MAX_PLANES_BYTES; 1x1 only over a few pixels
+    with weights that come from memory; Winograd first."""
     monkeypatch.setattr(tiled, "MIN_TAPS", 96)
+    monkeypatch.setattr(tiled, "POINTWISE_MIN_WEIGHTS", 256 << 10)
 
     def fits(xs, ws, group=1, pads=(1, 1, 1, 1), strides=None):
         plan = conv._plan(xs, ws, 4, None, strides, pads, None, "NOTSET", group, True)
@@ -145,12 +151,18 @@ def test_taken_only_where_it_measured_faster(monkeypatch):
     assert fits((2, 16, 15, 15), (64, 16, 3, 3))  # 144 taps
     assert not fits((2, 3, 64, 64), (64, 3, 3, 3), strides=(2, 2))  # a stem: 27 taps
     assert fits((2, 3, 32, 32), (32, 3, 8, 8), pads=None, strides=(8, 8))  # patches: 192
-    assert not fits((2, 64, 16, 16), (128, 64, 1, 1), pads=None, strides=(2, 2))  # 1x1
+    assert not fits((2, 64, 16, 16), (128, 64, 1, 1), pads=None, strides=(2, 2))  # 1x1 s2
     assert not fits((2, 32, 8, 8), (64, 16, 3, 3), group=2)
     assert fits((1, 16, 7, 7), (48, 16, 3, 3))  # 48 of 64: a quarter unused
     assert not fits((1, 16, 7, 7), (40, 16, 3, 3))  # 40 of 64
     assert fits((1, 128, 14, 14), (32, 128, 3, 3))  # 128 x 16 x 16 x 4 bytes: 128 KiB
     assert not fits((2, 512, 16, 16), (64, 512, 3, 3))  # 1.3 MiB of bordered planes
+    # 1x1: over at most 16 pixels, with at least 256 KiB of weights
+    assert fits((2, 192, 2, 2), (1152, 192, 1, 1), pads=None)  # EfficientNet: 864 KiB
+    assert fits((1, 112, 4, 4), (672, 112, 1, 1), pads=None)
+    assert not fits((2, 112, 4, 4), (672, 112, 1, 1), pads=None)  # 32 pixels
+    assert not fits((2, 192, 2, 2), (320, 192, 1, 1), pads=None)  # 240 KiB
+    assert not fits((2, 192, 4, 4), (1152, 192, 1, 1), pads=None, strides=(2, 2))
     xs, ws = (1, 32, 8, 8), (64, 32, 3, 3)
     plan = conv._plan(xs, ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
     _, w, _ = conv_arrays(xs, ws, np.float32, seed=4)

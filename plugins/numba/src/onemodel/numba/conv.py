@@ -1705,11 +1705,11 @@ def _prepared_weights(plan, xshape, w):
     path, (_, m, oh, ow) = plan[0], plan[1]
     if path == _DW_NHWC:
         return _channels_last_weights(w)
-    if path in (_BY_IMAGE, _ONE_GEMM, _SKINNY) and not _jit._parallel:
+    if path in (_BY_IMAGE, _ONE_GEMM, _SKINNY, _DIRECT) and not _jit._parallel:
         from . import tiled, winograd
 
         group = xshape[1] // w.shape[1]
-        if path != _SKINNY and winograd.fits(plan, xshape, w.shape, group):
+        if path in (_BY_IMAGE, _ONE_GEMM) and winograd.fits(plan, xshape, w.shape, group):
             return _Winograd(winograd.weights(w), winograd.run)
         if w.dtype == np.float32 and tiled.fits(plan, xshape, w.shape, group):
             return tiled.Tiled(w, plan, xshape)
@@ -1831,8 +1831,8 @@ def _conv_site(site: CallSite, act: int):
             plan[0] != _DW_NHWC or w_prepared is not None):
         return _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const,
                                b_ready, has_bias, act, group, conv_at)
-    if not one_d and w_ready is not None and plan[0] == _DIRECT and group == 1 and \
-            xshape[0] <= _DOT_MAX_IMAGES and yshape[2] * yshape[3] > 1:
+    if not one_d and w_prepared is None and w_ready is not None and plan[0] == _DIRECT and \
+            group == 1 and xshape[0] <= _DOT_MAX_IMAGES and yshape[2] * yshape[3] > 1:
         return _direct_site(xshape, yshape, dtype, w_const, w_ready, b_const, b_ready,
                             has_bias, act, conv_at)
     return conv_at

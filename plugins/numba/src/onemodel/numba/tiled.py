@@ -7,7 +7,9 @@ three output pixels and multiplies it into 32 output channels' weights, four vec
 side for each tap; the input is copied into zero-bordered planes, so the loop over the taps
 reads no bounds. The three pixels are consecutive in the flat (image, row, column) order, so
 small planes waste no lanes; the results of 96 pixels at a time are then stored to NCHW with
-the bias added and the activation applied.
+the bias added and the activation applied. While a block's first tile runs, the next block's
+weights are asked for (:mod:`._prefetch`): 1x1 convolutions over a few pixels, whose weights
+come from memory, stream them once instead of once per image as BLAS does.
 
 This is onnxruntime's NCHWc convolution kernel's shape (a block of output channels in a
 vector, input values broadcast), kept to NCHW tensors at both ends. Chosen by :func:`fits`
@@ -21,6 +23,7 @@ import functools
 import numpy as np
 
 from ._jit import jit
+from ._prefetch import prefetch
 from ._simd import fma8, load8, splat8, store8
 
 # _tiles compiles conv._activate into its own machine code, and numba's on-disk cache
@@ -42,23 +45,32 @@ def host_has_fma() -> bool:
 
 # Where the tiles measured faster than the columns and GEMM (python benchmarks/tiled_conv.py,
 # one thread): at least this many taps (C * kh * kw; a 3-channel image's 3x3 or 4x4 stem
-# convolution has 27-48, and spends its time around the loop: 1.4-1.9x), at most a quarter of
+# convolution has 27-48, and spends its time around the loop: 1.3-1.7x), at most a quarter of
 # each block's channels computed in vain, and bordered input planes that stay in L2 (a
-# 2x512x8x8 convolution dilated by 4, whose bordered planes take 1 MiB: 1.46x). 1x1
-# convolutions stay with BLAS (strided ones copied whole planes for a quarter of them: 0.93-2.5x).
+# 2x512x8x8 convolution dilated by 4, whose bordered planes take 1 MiB: 1.1x).
 MIN_TAPS = 96
 MAX_PLANES_BYTES = 512 << 10
+# 1x1 convolutions stay with BLAS (0.9-2.0x the tiles' time with their weights in cache),
+# except over a few pixels with weights that come from memory in a model's run: BLAS reads
+# them once per image, the tiles once, and ask for the next block's while the first pixels
+# of a block are summed. EfficientNet-B0 at 2x3x64x64, in its run (benchmarks/plan_steps.py):
+# 192 -> 1152 channels over 2x2 planes 108-137 -> 57-60 us, 1152 -> 320 162 -> 109 us.
+POINTWISE_MAX_PIXELS = 16
+POINTWISE_MIN_WEIGHTS = 256 << 10
 
 
 def fits(plan, xshape, wshape, group) -> bool:
     """Whether a float32 convolution of this plan goes by register tiles (given constant,
     immutable weights; the caller checks the dtype and the thread mode)."""
     _path, (n, m, oh, ow), s, pb, d, k, _chunk = plan
-    if group != 1 or k == (1, 1) or min(pb) < 0 or not host_has_fma():
+    if group != 1 or min(pb) < 0 or not host_has_fma():
         return False
     blocks = -(-m // BLOCK)
     if xshape[1] * k[0] * k[1] < MIN_TAPS or 4 * (blocks * BLOCK - m) > blocks * BLOCK:
         return False
+    if k == (1, 1):
+        return s == (1, 1) and pb == (0, 0) and n * oh * ow <= POINTWISE_MAX_PIXELS and \
+            m * xshape[1] * 4 >= POINTWISE_MIN_WEIGHTS
     hp = _padded_size(xshape[2], oh, k[0], s[0], pb[0], d[0])
     wq = _padded_size(xshape[3], ow, k[1], s[1], pb[1], d[1])
     return n * xshape[1] * hp * wq * 4 <= MAX_PLANES_BYTES
@@ -107,6 +119,7 @@ def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y)
     res = np.empty(CHUNK * 32, np.float32)
     zero = np.float32(0.0)
     none = splat8(zero)
+    ahead = taps * 32  # the next block's weights, asked for while a block's first tile runs
     for blk in range(blocks):
         wb = blk * taps * 32
         for j0 in range(0, npix, CHUNK):
@@ -117,6 +130,7 @@ def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y)
                 a10, a11, a12, a13 = none, none, none, none
                 a20, a21, a22, a23 = none, none, none, none
                 p0, p1, p2 = pix_in[U(j)], pix_in[U(j + 1)], pix_in[U(j + 2)]
+                first = j == 0
                 for t in range(taps):
                     xo = xoff[U(t)]
                     wo = wb + t * 32
@@ -124,6 +138,9 @@ def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y)
                     w1 = load8(wp, U(wo + 8))
                     w2 = load8(wp, U(wo + 16))
                     w3 = load8(wp, U(wo + 24))
+                    if first:  # (the loop is unswitched on it: no cost to the other tiles)
+                        prefetch(wp, U(wo + ahead))
+                        prefetch(wp, U(wo + ahead + 16))
                     v = splat8(planes[U(p0 + xo)])
                     a00 = fma8(v, w0, a00)
                     a01 = fma8(v, w1, a01)
@@ -153,7 +170,37 @@ def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y)
                 store8(res, U(r0 + 80), a22)
                 store8(res, U(r0 + 88), a23)
                 j += 3
-            while j < j1:  # the last one or two pixels, one at a time
+            if j + 2 == j1:  # two pixels left: one tile of two
+                a00, a01, a02, a03 = none, none, none, none
+                a10, a11, a12, a13 = none, none, none, none
+                p0, p1 = pix_in[U(j)], pix_in[U(j + 1)]
+                for t in range(taps):
+                    xo = xoff[U(t)]
+                    wo = wb + t * 32
+                    w0 = load8(wp, U(wo))
+                    w1 = load8(wp, U(wo + 8))
+                    w2 = load8(wp, U(wo + 16))
+                    w3 = load8(wp, U(wo + 24))
+                    v = splat8(planes[U(p0 + xo)])
+                    a00 = fma8(v, w0, a00)
+                    a01 = fma8(v, w1, a01)
+                    a02 = fma8(v, w2, a02)
+                    a03 = fma8(v, w3, a03)
+                    v = splat8(planes[U(p1 + xo)])
+                    a10 = fma8(v, w0, a10)
+                    a11 = fma8(v, w1, a11)
+                    a12 = fma8(v, w2, a12)
+                    a13 = fma8(v, w3, a13)
+                r0 = (j - j0) * 32
+                store8(res, U(r0), a00)
+                store8(res, U(r0 + 8), a01)
+                store8(res, U(r0 + 16), a02)
+                store8(res, U(r0 + 24), a03)
+                store8(res, U(r0 + 32), a10)
+                store8(res, U(r0 + 40), a11)
+                store8(res, U(r0 + 48), a12)
+                store8(res, U(r0 + 56), a13)
+            elif j < j1:  # one pixel left
                 a00, a01, a02, a03 = none, none, none, none
                 p0 = pix_in[U(j)]
                 for t in range(taps):
@@ -168,7 +215,6 @@ def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y)
                 store8(res, U(r0 + 8), a01)
                 store8(res, U(r0 + 16), a02)
                 store8(res, U(r0 + 24), a03)
-                j += 1
             for o in range(min(32, m - blk * 32)):
                 ch = (blk * 32 + o) * oh * ow
                 bo = bias[blk * 32 + o] if has_bias else zero
