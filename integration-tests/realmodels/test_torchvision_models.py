@@ -149,3 +149,39 @@ def test_register_tiles_agree_with_onnxruntime(monkeypatch, model, inputs):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
     if tiled is not None and tiled.host_has_fma():
         assert inputs <= set(taken), sorted(set(taken))
+
+
+@pytest.mark.torch
+def test_depthwise_lanes_agree_with_onnxruntime(monkeypatch):
+    """MNASNet at 2x3x64x64: the numba plugin runs its strided depthwise convolutions and
+    those over 8x8 and smaller planes with eight channels in vector lanes (when the CPU has
+    AVX2 and FMA); the whole network agrees with onnxruntime."""
+    planned = []
+    try:
+        from onemodel.numba import depthwise_lanes
+    except ImportError:  # the core without the plugin: the reference kernels
+        depthwise_lanes = None
+    else:
+        class Recorded(depthwise_lanes.Geometry):
+            def __init__(self, plan, xshape):
+                planned.append(tuple(xshape))
+                super().__init__(plan, xshape)
+        monkeypatch.setattr(depthwise_lanes, "Geometry", Recorded)
+    path = tvm.exported("tv_mnasnet", "torchscript")
+    session = Session.load(path, threads=1)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    ref = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    name = session.graph.inputs[0].name
+    feeds = {name: np.random.default_rng(8).standard_normal((2, 3, 64, 64)).astype(np.float32)}
+    want = ref.run(None, feeds)[0]
+    got = next(iter(session.run(feeds, return_numpy=True).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+    if depthwise_lanes is not None:
+        from onemodel.numba import tiled
+
+        if not tiled.host_has_fma():
+            return
+        # (2, 24, 32, 32): 3x3 at stride 2; (2, 240, 4, 4): 5x5 over 4x4
+        assert {(2, 24, 32, 32), (2, 240, 4, 4)} <= set(planned), sorted(set(planned))

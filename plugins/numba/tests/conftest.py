@@ -41,3 +41,13 @@ def no_small_convolutions(monkeypatch):
     yield
     conv._plan.cache_clear()
     conv._PLANS.clear()
+
+
+@pytest.fixture
+def no_depthwise_lanes(monkeypatch):
+    """Planned depthwise convolutions keep the kernel of their plan's path, not the vector-lane
+    kernel that is chosen over it for some shapes (tested in test_depthwise_lanes.py): tests
+    that compare a path's planned call bit for bit with the generic call use this."""
+    from onemodel.numba import depthwise_lanes
+
+    monkeypatch.setattr(depthwise_lanes, "fits", lambda *args: False)

@@ -45,8 +45,9 @@ def _first(result):
 
 
 @pytest.fixture
-def binds(monkeypatch):
-    """The calls that bound a kernel's machine code (``_jit.bind``), counted."""
+def binds(monkeypatch, no_depthwise_lanes):
+    """The calls that bound a kernel's machine code (``_jit.bind``), counted (depthwise calls
+    keep their path's kernel)."""
     made = []
     real = _jit.bind
 

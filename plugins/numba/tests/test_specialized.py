@@ -429,7 +429,7 @@ def _depthwise_site(w):
     return x, attrs, specialize(conv.conv, _site(conv.conv, [x, w], attrs, (1,)))
 
 
-def test_channels_last_weights_of_a_file_constant_are_made_once_and_right():
+def test_channels_last_weights_of_a_file_constant_are_made_once_and_right(no_depthwise_lanes):
     """Weights loaded from a file (read-only views of bytes) are laid out channels-last once,
     at plan time; the result is the generic call's."""
     w = np.frombuffer(_x(16, 1, 3, 3).astype(np.float32).tobytes(), np.float32).reshape(
@@ -500,7 +500,8 @@ def test_rms_normalization_fills_a_non_contiguous_out(planned):
     ((2, 16, 6, 6), 3, dict(pads=(1, 1, 1, 1)), conv._DW_NHWC),
     ((1, 4, 12, 12), 9, dict(pads=(4, 4, 4, 4)), conv._DW),
 ])
-def test_a_planned_depthwise_convolution_calls_its_kernel_directly(xshape, k, attrs, path):
+def test_a_planned_depthwise_convolution_calls_its_kernel_directly(xshape, k, attrs, path,
+                                                                 no_depthwise_lanes):
     """Depthwise convolutions with constant weights plan a call straight to their kernel, with
     its arguments chosen once: bit for bit the generic call's result, for strided inputs and a
     given out; other weights, another bias or a strided out take the full call; weights

@@ -101,3 +101,51 @@ def fma8(typingctx, a, b, c):
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v8f32")
         return builder.call(fn, list(args))
     return f32x8(f32x8, f32x8, f32x8), codegen
+
+
+def _shuffled(builder, a, b, lanes):
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), LANES), lanes))
+
+
+def _transposed(builder, rows):
+    """The 8x8 transpose of eight <8 x float> rows: three rounds of two-source shuffles."""
+    lo, hi = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    t = []
+    for i in range(0, 8, 2):
+        t += [_shuffled(builder, rows[i], rows[i + 1], lo),
+              _shuffled(builder, rows[i], rows[i + 1], hi)]
+    lo, hi = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    u = []
+    for i in (0, 4):  # (t0, t2) (t1, t3), then (t4, t6) (t5, t7)
+        u += [_shuffled(builder, t[i], t[i + 2], lo), _shuffled(builder, t[i], t[i + 2], hi),
+              _shuffled(builder, t[i + 1], t[i + 3], lo),
+              _shuffled(builder, t[i + 1], t[i + 3], hi)]
+    lo, hi = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    out = [None] * 8
+    for col in range(4):
+        out[col] = _shuffled(builder, u[col], u[col + 4], lo)
+        out[col + 4] = _shuffled(builder, u[col], u[col + 4], hi)
+    return out
+
+
+@intrinsic
+def transpose8x8(typingctx, src, s0, sstride, dst, d0, dstride):
+    """dst[d0 + c * dstride + r] = src[s0 + r * sstride + c] for r, c < 8: eight runs of eight
+    read, transposed in registers, written as eight runs (channels-last to planes and back)."""
+    if not (_float32_array(src) and _float32_array(dst) and all(
+            isinstance(a, types.Integer) for a in (s0, sstride, d0, dstride))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        src_ty, _, _, dst_ty, _, _ = sig.args
+        s0_, ss_, d0_, ds_ = (context.cast(builder, args[i], sig.args[i], types.int64)
+                              for i in (1, 2, 4, 5))
+        rows = []
+        for r in range(8):
+            at = builder.add(s0_, builder.mul(ss_, ir.Constant(ir.IntType(64), r)))
+            rows.append(builder.load(_address(context, builder, src_ty, args[0], at), align=4))
+        for c, vec in enumerate(_transposed(builder, rows)):
+            at = builder.add(d0_, builder.mul(ds_, ir.Constant(ir.IntType(64), c)))
+            builder.store(vec, _address(context, builder, dst_ty, args[3], at), align=4)
+        return context.get_dummy_value()
+    return types.void(src, s0, sstride, dst, d0, dstride), codegen

@@ -1957,7 +1957,16 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
         return conv_at  # _run takes a kernel that reads the padding
     # writable weights on such a path are checked per call: an update may make one infinite
     checked = path in _SKIPS_PADDING and not _immutable(w_ready)
-    if path == _DW_NHWC:
+    from . import depthwise_lanes
+
+    if not _jit._parallel and not checked and _immutable(w_ready) and \
+            depthwise_lanes.fits(plan, xshape, dtype, group):
+        geometry = depthwise_lanes.Geometry(plan, xshape)
+        kernel = depthwise_lanes.lanes
+        args = (w_prepared if path == _DW_NHWC else _channels_last_weights(w_ready),
+                geometry.taps, geometry.pix, geometry.into, geometry.hp, geometry.wq, b_ready,
+                has_bias, act)
+    elif path == _DW_NHWC:
         kernel = _depthwise_nhwc
         args = (w_prepared, k[0], k[1], s[0], s[1], pb[0], pb[1], d[0], d[1], b_ready,
                 has_bias, act)
@@ -1971,7 +1980,7 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
             depthwise.kernel(k[0], k[1]) if path == _DW_TAPS else _depthwise)
         args = (w_ready, yshape[1] // group, s[0], s[1], pb[0], pb[1], d[0], d[1], b_ready,
                 has_bias, act)
-    serial = kernel.serial
+    serial = getattr(kernel, "serial", kernel)  # (the lanes kernel is serial only)
     bound = [None]  # serial's machine code for these types (_jit.entry), from the first call
 
     def depthwise_at(X, W, B=None, out=None):
