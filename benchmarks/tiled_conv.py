@@ -1,12 +1,17 @@
-"""Register-tiled direct convolutions (the numba plugin's ``tiled`` module) against the path the
-same convolution takes without them (im2col columns and a BLAS GEMM, the skinny product, or
-Winograd) and against onnxruntime's Conv, on the convolutions of the real-model suite
+"""The numba plugin's vector-register convolution kernels against the path the same convolution
+takes without them and against onnxruntime's Conv, on convolutions of the real-model suite
 (``benchmarks/realmodels.py``: torchvision networks at 2x3x64x64, transformers at 2x3x32x32)
-that are not 1x1 and have constant float32 weights. One thread; bias and Relu on every call.
+with constant float32 weights. One thread; bias and Relu on every call.
 
-Each row: the three medians in microseconds (the three engines timed in turn, paired), the
-tiles' time over the other path's and over onnxruntime's, whether :func:`tiled.fits` takes
-the tiles for it, and the tiles' arithmetic rate.
+- Register tiles (``tiled``) against im2col columns and a BLAS GEMM, the skinny product,
+  Winograd or, for 1x1 convolutions, BLAS on the input; 1x1 rows are also timed with 64 MiB
+  read before each call (their weights come from memory in a model's run).
+- Depthwise convolutions in vector lanes (``depthwise_lanes``) against the kernel of the
+  plan's path (the planned call with the lanes turned off).
+
+Each row: the medians in microseconds (the engines timed in turn, paired), the new kernel's
+time over the other path's and over onnxruntime's, whether the plan takes it, and for the
+tiles their arithmetic rate.
 
     python benchmarks/tiled_conv.py [--calls 200]
 """
@@ -49,15 +54,37 @@ SHAPES = [
     ((2, 128, 16, 16), (128, 128, 3, 3), 2, 1, 1, "tv_fcn_resnet50"),
     ((2, 256, 8, 8), (256, 256, 3, 3), 1, 2, 2, "tv_fcn_resnet50"),
     ((2, 512, 8, 8), (512, 512, 3, 3), 1, 4, 4, "tv_fcn_resnet50"),
+    ((2, 192, 2, 2), (1152, 192, 1, 1), 1, 0, 1, "tv_efficientnet_b0"),
+    ((2, 1152, 2, 2), (320, 1152, 1, 1), 1, 0, 1, "tv_efficientnet_b0"),
+    ((2, 1024, 2, 2), (128, 1024, 1, 1), 1, 0, 1, "tv_densenet121"),
+    ((2, 112, 4, 4), (672, 112, 1, 1), 1, 0, 1, "tv_efficientnet_b0"),
+]
+# (input, window, stride, a model that has it): depthwise, pads k // 2
+DEPTHWISE = [
+    ((2, 24, 32, 32), 3, 2, "tv_mnasnet"),
+    ((2, 96, 32, 32), 3, 2, "tv_efficientnet_b0"),
+    ((2, 144, 16, 16), 5, 2, "tv_efficientnet_b0"),
+    ((2, 48, 16, 16), 5, 2, "tv_mnasnet"),
+    ((2, 72, 16, 16), 5, 1, "tv_mobilenet_v3_small"),
+    ((2, 240, 8, 8), 5, 1, "tv_efficientnet_b0"),
+    ((2, 96, 8, 8), 3, 1, "tv_lraspp_mobilenet_v3"),
+    ((2, 480, 4, 4), 3, 1, "tv_efficientnet_b0"),
+    ((2, 672, 4, 4), 5, 1, "tv_efficientnet_b0"),
+    ((2, 32, 32, 32), 3, 1, "tv_efficientnet_b0"),
+    ((2, 144, 16, 16), 3, 1, "tv_efficientnet_b0"),
+    ((1, 96, 112, 112), 3, 2, "MobileNetV2 at 224"),
+    ((1, 32, 112, 112), 3, 1, "MobileNetV2 at 224"),
+    ((1, 960, 7, 7), 3, 1, "MobileNetV2 at 224"),
 ]
 
 
-def _onnxruntime(x, w, b, s, p, d):
+def _onnxruntime(x, w, b, s, p, d, group=1):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[p] * 4, strides=[s, s],
-                              dilations=[d, d]), helper.make_node("Relu", ["c"], ["y"])]
+                              dilations=[d, d], group=group),
+             helper.make_node("Relu", ["c"], ["y"])]
     graph = helper.make_graph(
         nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
@@ -70,13 +97,15 @@ def _onnxruntime(x, w, b, s, p, d):
     return lambda: session.run(None, {"x": x})[0]
 
 
-def _paired_us(fns, calls: int) -> list[float]:
+def _paired_us(fns, calls: int, before=None) -> list[float]:
     for fn in fns:
         for _ in range(10):
             fn()
     times = [[] for _ in fns]
     for _ in range(calls):
         for fn, ts in zip(fns, times):
+            if before is not None:
+                before()
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
@@ -95,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         print("this CPU has no AVX2/FMA: the tiles are never chosen")
         return 0
     rng = np.random.default_rng(0)
-    print(f"{'input':18s} {'weights':18s} s d  {'model':24s} {'other':>5s} {'us':>8s} "
+    sweep = np.ones(16 << 20, np.float32)  # 64 MiB: more than the last-level cache
+    print(f"{'input':18s} {'weights':18s} s d  {'model':24s} {'other':>6s} {'us':>8s} "
           f"{'tiles':>8s} {'ORT':>8s}  {'/other':>6s} {'/ORT':>5s} taken GMAC/s")
     for xs, ws, s, p, d, model in SHAPES:
         x = rng.standard_normal(xs).astype(np.float32)
@@ -118,11 +148,61 @@ def main(argv: list[str] | None = None) -> int:
         assert float(np.abs(y_tiles - want).max()) <= 1e-5 * scale, (xs, ws)
         n, m, oh, ow = plan[1]
         macs = n * m * oh * ow * xs[1] * ws[2] * ws[3]
-        name = "wino" if is_winograd else {conv._SKINNY: "skinny"}.get(plan[0], "cols")
-        print(f"{xs!s:18s} {ws!s:18s} {s} {d}  {model:24s} {name:>5s} {t_other:8.1f} "
+        name = "wino" if is_winograd else {conv._SKINNY: "skinny", conv._DIRECT: "BLAS"}.get(
+            plan[0], "cols")
+        print(f"{xs!s:18s} {ws!s:18s} {s} {d}  {model:24s} {name:>6s} {t_other:8.1f} "
               f"{t_tiles:8.1f} {t_ort:8.1f}  {t_tiles / t_other:6.2f} {t_tiles / t_ort:5.2f} "
               f"{'yes' if taken else 'no':5s} {macs / t_tiles / 1e3:6.1f}")
+        if ws[2:] == (1, 1):
+            t_other, t_tiles, t_ort = _paired_us(
+                [partial(conv._run, x, w, b, True, 1, 1, plan, y_other, other),
+                 partial(tiles.run, x, b, True, 1, plan, y_tiles), ort_call],
+                max(10, args.calls // 10), sweep.sum)
+            print(f"{'':18s} {'':18s}      {'(weights from memory)':24s} {'':>6s} "
+                  f"{t_other:8.1f} {t_tiles:8.1f} {t_ort:8.1f}  {t_tiles / t_other:6.2f} "
+                  f"{t_tiles / t_ort:5.2f}")
+    _depthwise(args.calls, rng)
     return 0
+
+
+def _depthwise(calls: int, rng) -> None:
+    from onemodel.numba import conv, depthwise_lanes
+    from onemodel.tensors.ops.specialize import CallSite, specialize
+
+    print(f"\n{'depthwise input':18s} {'k':>3s} s  {'model':24s} {'other':>6s} {'us':>8s} "
+          f"{'lanes':>8s} {'ORT':>8s}  {'/other':>6s} {'/ORT':>5s} taken")
+    real_fits = depthwise_lanes.fits
+    for xs, k, s, model in DEPTHWISE:
+        c, p = xs[1], k // 2
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = np.frombuffer(rng.standard_normal((c, 1, k, k)).astype(np.float32).tobytes(),
+                          np.float32).reshape(c, 1, k, k)
+        b = np.frombuffer(rng.standard_normal(c).astype(np.float32).tobytes(), np.float32)
+        attrs = dict(group=c, pads=(p,) * 4, strides=(s, s), activation="Relu")
+        generic = partial(conv.fused_conv, **attrs)
+        want = generic(x, w, b)
+        site = CallSite((x.shape, w.shape, b.shape), (x.dtype,) * 3, (None, w, b), attrs,
+                        (want.shape,), generic)
+        plan = conv._plan(xs, w.shape, 4, None, (s, s), (p,) * 4, None, "NOTSET", c, True)
+        taken = real_fits(plan, xs, np.float32, c)
+        try:  # the plan's own kernel, then the lanes, whatever fits says
+            depthwise_lanes.fits = lambda *a: False
+            other = specialize(conv.fused_conv, site)
+            depthwise_lanes.fits = lambda *a: True
+            lanes = specialize(conv.fused_conv, site)
+        finally:
+            depthwise_lanes.fits = real_fits
+        y_other, y_lanes = np.empty(want.shape, np.float32), np.empty(want.shape, np.float32)
+        ort_call = _onnxruntime(x, np.asarray(w), np.asarray(b), s, p, 1, group=c)
+        t_other, t_lanes, t_ort = _paired_us(
+            [partial(other, x, w, b, out=y_other), partial(lanes, x, w, b, out=y_lanes),
+             ort_call], calls)
+        assert float(np.abs(y_lanes - want).max()) <= 1e-5 * max(float(np.abs(want).max()), 1)
+        name = {conv._DW_NHWC: "nhwc", conv._DW_FLAT: "flat", conv._DW_TAPS: "taps",
+                conv._DW_TABLE: "table"}.get(plan[0], "other")
+        print(f"{xs!s:18s} {k:3d} {s}  {model:24s} {name:>6s} {t_other:8.1f} {t_lanes:8.1f} "
+              f"{t_ort:8.1f}  {t_lanes / t_other:6.2f} {t_lanes / t_ort:5.2f} "
+              f"{'yes' if taken else 'no'}")
 
 
 if __name__ == "__main__":
