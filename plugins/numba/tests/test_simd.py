@@ -1,7 +1,7 @@
 """The eight-lane float32 vectors (``onemodel.numba._simd``) against numpy: loads and stores
-at unaligned offsets, broadcasts, and fused multiply-adds rounded once (as ``np.float64``
-products rounded to float32 are, for these exactly representable operands); anything but a
-1-D float32 array is refused when the kernel is typed."""
+at unaligned offsets, broadcasts, fused multiply-adds rounded once, and the 8x8 transpose
+between runs of any stride; anything but a 1-D C-contiguous float32 array (a strided view
+would be read as if contiguous) is refused when the kernel is typed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numba
 import numpy as np
 import pytest
 
-from onemodel.numba._simd import fma8, load8, splat8, store8
+from onemodel.numba._simd import fma8, load8, splat8, store8, transpose8x8
 
 
 @numba.njit(cache=False)
@@ -49,3 +49,26 @@ def test_other_arrays_are_refused_when_typed(dtype):
     with pytest.raises(numba.core.errors.TypingError):
         _axpy_by_vectors(np.float32(1), np.zeros(16, dtype), np.zeros(16, dtype),
                          np.zeros(16, dtype))
+
+
+def test_a_strided_view_is_refused_when_typed():
+    x = np.zeros(32, np.float32)
+    with pytest.raises(numba.core.errors.TypingError):
+        _axpy_by_vectors(np.float32(1), x[::2], x[::2], np.zeros(16, np.float32))
+
+
+@numba.njit(cache=False)
+def _transposed(src, s0, sstride, dst, d0, dstride):
+    transpose8x8(src, s0, sstride, dst, d0, dstride)
+
+
+@pytest.mark.parametrize("s0, sstride, d0, dstride", [(0, 8, 0, 8), (3, 20, 5, 30), (1, 9, 0, 64)])
+def test_transpose_moves_each_value_to_its_place(s0, sstride, d0, dstride):
+    src = np.arange(600, dtype=np.float32)
+    dst = np.full(600, -1, np.float32)
+    _transposed(src, s0, sstride, dst, d0, dstride)
+    want = np.full(600, -1, np.float32)
+    for r in range(8):
+        for c in range(8):
+            want[d0 + c * dstride + r] = src[s0 + r * sstride + c]
+    np.testing.assert_array_equal(dst, want)  # and nothing else written

@@ -12,6 +12,8 @@ intrinsic; the type has no Python value and never leaves a compiled function.
 - ``store8(a, i, v)``: ``a[i:i + 8] = v`` (the same contract).
 - ``splat8(x)``: eight copies of a float32 scalar.
 - ``fma8(a, b, c)``: ``a * b + c`` lane by lane, rounded once (``llvm.fma``).
+- ``transpose8x8(src, s0, sstride, dst, d0, dstride)``: eight runs of eight read, transposed
+  in registers, written as eight runs.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ class _F32x8Model(models.PrimitiveModel):
 
 
 def _float32_array(arr) -> bool:
-    return isinstance(arr, types.Array) and arr.dtype == types.float32 and arr.ndim == 1
+    """A 1-D C-contiguous float32 array: its elements are one run from its data pointer."""
+    return isinstance(arr, types.Array) and arr.dtype == types.float32 and arr.ndim == 1 and \
+        arr.layout == "C"
 
 
 def _address(context, builder, aryty, ary, index):
