@@ -72,6 +72,37 @@ class Geometry:
 
 
 @jit()
+def copy_in(xf, src, hw, into, plane, pixels):
+    """Eight NCHW planes of ``hw`` values from ``xf[src:]`` into the channels-last bordered
+    ``plane`` at the offsets ``into`` (the border is left as it is); ``pixels``: 64 floats of
+    scratch."""
+    q = 0
+    while q + 8 <= hw:  # eight input pixels (flat: rows of any width) at a time
+        transpose8x8(xf, U(src + q), hw, pixels, U(0), 8)
+        for i in range(8):
+            store8(plane, U(into[U(q + i)]), load8(pixels, U(i * 8)))
+        q += 8
+    while q < hw:
+        for lane in range(8):
+            plane[U(into[U(q)] + lane)] = xf[U(src + lane * hw + q)]
+        q += 1
+
+
+@jit()
+def copy_out(res, of, dst, length):
+    """The channels-last results ``res`` of ``length`` pixels to eight NCHW planes at
+    ``of[dst:]``."""
+    p = 0
+    while p + 8 <= length:
+        transpose8x8(res, U(p * 8), 8, of, U(dst + p), length)
+        p += 8
+    while p < length:
+        for lane in range(8):
+            of[U(dst + lane * length + p)] = res[U(p * 8 + lane)]
+        p += 1
+
+
+@jit()
 def lanes(x, wtt, taps, pix, into, hp, wq, bias, has_bias, act, out):
     """out[n, c] = act(bias[c] + sum over the taps of wtt[tap, c] * x[n, c] (window)), with
     ``wtt`` the (kh * kw, C) weights and ``taps``, ``pix``, ``into`` the offsets of
@@ -89,17 +120,7 @@ def lanes(x, wtt, taps, pix, into, hp, wq, bias, has_bias, act, out):
     zero = np.float32(0.0)
     for img in range(n_img):
         for c0 in range(0, c, 8):
-            src = (img * c + c0) * hw
-            q = 0
-            while q + 8 <= hw:  # eight input pixels (flat: rows of any width) at a time
-                transpose8x8(xf, U(src + q), hw, pixels, U(0), 8)
-                for i in range(8):
-                    store8(plane, U(into[U(q + i)]), load8(pixels, U(i * 8)))
-                q += 8
-            while q < hw:
-                for lane in range(8):
-                    plane[U(into[U(q)] + lane)] = xf[U(src + lane * hw + q)]
-                q += 1
+            copy_in(xf, (img * c + c0) * hw, hw, into, plane, pixels)
             start = load8(bias, U(c0)) if has_bias else load8(zeros, U(0))
             p = 0
             while p + 8 <= length:
@@ -137,12 +158,4 @@ def lanes(x, wtt, taps, pix, into, hp, wq, bias, has_bias, act, out):
                 p += 1
             if act:
                 _activate_in_place(res, 0, length * 8, act, zero)
-            dst = (img * c + c0) * length
-            p = 0
-            while p + 8 <= length:
-                transpose8x8(res, U(p * 8), 8, of, U(dst + p), length)
-                p += 8
-            while p < length:
-                for lane in range(8):
-                    of[U(dst + lane * length + p)] = res[U(p * 8 + lane)]
-                p += 1
+            copy_out(res, of, (img * c + c0) * length, length)
