@@ -50,6 +50,10 @@ CASES = [
     # strided over 128+ output pixels: up to the strided limit (295k multiply-adds here)
     ((8, 8, 8, 8), (32, 8, 3, 3), dict(strides=(2, 2), pads=(1, 1, 1, 1))),
     ((1, 4, 5), (6, 2, 3), dict(group=2, dilations=(2,), strides=(3,), pads=(1, 1))),
+    # 1x1 at stride 1 over more than eight pixels: each image's planes are its columns
+    ((2, 12, 5, 7), (10, 12, 1, 1), {}),
+    ((3, 6, 4, 3), (8, 3, 1, 1), dict(group=2)),
+    ((2, 6, 10), (9, 6, 1), {}),
 ]
 
 

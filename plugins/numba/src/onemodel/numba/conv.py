@@ -1014,6 +1014,16 @@ def _small_conv(x, wt, bias, t, out):
     wf = wt.reshape(wt.size)
     of = out.reshape(out.size)
     zero = np.zeros(1, out.dtype)[0]
+    if kh == 1 and kw == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0 and oh == h and \
+            ow == w:
+        # a 1x1 convolution: each image's planes are its columns already (no zeroed copy of
+        # the batch side by side: a planned 2x48x8x8 -> 8 4.3 -> 2.7 us, a scratch timing)
+        res = np.empty(4 * length, out.dtype)
+        for n in range(n_img):
+            _small_products(res, xf[n * c_in * hw:(n + 1) * c_in * hw], wf, bias, has_bias,
+                            act, zero, rows_g, mg, group, length, 1, length, m_out, of,
+                            n * m_out * length)
+        return
     cols = np.zeros(c_in * kh * kw * width, out.dtype)
     for c in range(c_in):
         for i in range(kh):
@@ -1034,6 +1044,16 @@ def _small_conv(x, wt, bias, t, out):
                             for q in range(qlo, qhi):
                                 cols[U(dst + q)] = xf[U(src + q * sw)]
     res = np.empty(4 * width, out.dtype)
+    _small_products(res, cols, wf, bias, has_bias, act, zero, rows_g, mg, group, width, n_img,
+                    length, m_out, of, 0)
+
+
+@jit()
+def _small_products(res, cols, wf, bias, has_bias, act, zero, rows_g, mg, group, width, n_img,
+                    length, m_out, of, o0):
+    """:func:`_small_conv`'s products: every output channel the sum of its weights times the
+    column rows (``width`` = ``n_img`` images of ``length`` side by side), stored to the NCHW
+    output ``of`` from ``o0`` with the bias and activation; ``res``: 4 * width of scratch."""
     for g in range(group):
         cb = g * rows_g * width
         m = g * mg
@@ -1053,7 +1073,7 @@ def _small_conv(x, wt, bias, t, out):
             for mm in range(block):
                 for n in range(n_img):
                     _store_activated(res, mm * width + n * length, of,
-                                     (n * m_out + m + mm) * length, length, act, zero)
+                                     o0 + (n * m_out + m + mm) * length, length, act, zero)
             m += block
 
 
