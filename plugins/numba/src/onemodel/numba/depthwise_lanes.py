@@ -33,10 +33,10 @@ def fits(plan, xshape, dtype, group) -> bool:
     """Whether a depthwise convolution (one output per input channel) goes by lanes, given
     constant weights nothing changes in place (the caller checks them and the thread mode).
     Where it measured faster than the plan's other kernels (python benchmarks/tiled_conv.py,
-    one thread): at a stride (0.32-0.86x their time, 112x112 planes included), over at most
-    8x8 outputs (0.41-0.70x), and for windows larger than 3x3 over at most 16x16 (0.56-0.81x).
-    3x3 windows over 16x16 outputs and more at stride 1 keep theirs (1.0-1.5x); so do planes of
-    fewer than eight outputs, whose pixels the tiles of eight leave one at a time."""
+    one thread): at a stride (0.33-0.78x their time, 112x112 planes included), over at most
+    8x8 outputs (0.44-0.68x), and for windows larger than 3x3 over at most 16x16 (0.59-0.85x).
+    3x3 windows over 16x16 outputs and more at stride 1 keep theirs (1.05-1.56x); so do planes
+    of fewer than eight outputs, whose pixels the tiles of eight leave one at a time."""
     from .tiled import host_has_fma
 
     _path, (_n, m, oh, ow), s, pb, d, k, _chunk = plan

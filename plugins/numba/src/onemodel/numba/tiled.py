@@ -45,16 +45,17 @@ def host_has_fma() -> bool:
 
 # Where the tiles measured faster than the columns and GEMM (python benchmarks/tiled_conv.py,
 # one thread): at least this many taps (C * kh * kw; a 3-channel image's 3x3 or 4x4 stem
-# convolution has 27-48, and spends its time around the loop: 1.3-1.7x), at most a quarter of
+# convolution has 27-48, and spends its time around the loop: 1.2-1.6x), at most a quarter of
 # each block's channels computed in vain, and bordered input planes that stay in L2 (a
 # 2x512x8x8 convolution dilated by 4, whose bordered planes take 1 MiB: 1.1x).
 MIN_TAPS = 96
 MAX_PLANES_BYTES = 512 << 10
-# 1x1 convolutions stay with BLAS (0.9-2.0x the tiles' time with their weights in cache),
-# except over a few pixels with weights that come from memory in a model's run: BLAS reads
-# them once per image, the tiles once, and ask for the next block's while the first pixels
-# of a block are summed. EfficientNet-B0 at 2x3x64x64, in its run (benchmarks/plan_steps.py):
-# 192 -> 1152 channels over 2x2 planes 108-137 -> 57-60 us, 1152 -> 320 162 -> 109 us.
+# 1x1 convolutions stay with BLAS (the tiles took 1.06-2.0x its time with the weights in
+# cache: each tap reads another input plane), except over a few pixels with weights that come
+# from memory in a model's run: BLAS reads them once per image, the tiles once, and ask for the
+# next block's while a block's first pixels are summed. EfficientNet-B0 at 2x3x64x64, in its
+# run (benchmarks/plan_steps.py's step loop): 192 -> 1152 channels over 2x2 planes 108-137 ->
+# 57-60 us, 1152 -> 320 162 -> 101-109 us.
 POINTWISE_MAX_PIXELS = 16
 POINTWISE_MIN_WEIGHTS = 256 << 10
 
