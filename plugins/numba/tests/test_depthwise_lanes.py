@@ -160,3 +160,16 @@ def test_writable_weights_keep_the_other_kernels():
     w *= 3
     np.testing.assert_allclose(call(*inputs), OPS["Conv"].kernel(
         x, w, b, group=16, pads=(1, 1, 1, 1), strides=(2, 2)), rtol=2e-5, atol=2e-5)
+
+
+def test_strided_inputs_give_the_same_result():
+    """An input that is a strided view is read as its values (the planned call copies it)."""
+    xs, ws = (2, 16, 10, 10), (16, 1, 3, 3)
+    x, w, b = conv_arrays(xs, ws, np.float32, seed=12)
+    w, b = _constant(w), _constant(b)
+    call, _, _ = _planned(x, w, b, dict(pads=(1, 1, 1, 1), strides=(2, 2)), "Relu", True)
+    wide = np.zeros((2, 16, 10, 20), np.float32)
+    wide[..., ::2] = x
+    view = wide[..., ::2]
+    assert not view.flags.c_contiguous
+    np.testing.assert_array_equal(call(view, w, b), call(x, w, b))

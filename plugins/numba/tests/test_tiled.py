@@ -184,3 +184,23 @@ def test_weights_changed_in_place_are_seen(monkeypatch):
     w *= 2
     np.testing.assert_allclose(call(*inputs), OPS["Conv"].kernel(x, w, b, **attrs),
                                rtol=2e-5, atol=2e-5)
+
+
+def test_strided_inputs_give_the_same_result():
+    """An input that is a strided view (a channel slice, a transposed copy) is read as its
+    values, through the planned call's contiguous copy."""
+    xs, ws = (2, 16, 9, 9), (64, 16, 3, 3)
+    x, w, b = conv_arrays(xs, ws, np.float32, seed=11)
+    w = _constant(w)
+    attrs = dict(pads=(1, 1, 1, 1))
+    kernel, site, _ = _site(x, w, b, attrs, "Relu")
+    assert isinstance(_prepared(xs, ws, attrs), tiled.Tiled)
+    call = specialize(kernel, site)
+    wide = np.zeros((2, 32, 9, 9), np.float32)
+    wide[:, ::2] = x
+    strided = wide[:, ::2]
+    transposed = np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    want = call(x, w, b)
+    for view in (strided, transposed):
+        assert not view.flags.c_contiguous
+        np.testing.assert_array_equal(call(view, w, b), want)
