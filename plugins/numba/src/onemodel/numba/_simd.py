@@ -18,6 +18,8 @@ intrinsic; the type has no Python value and never leaves a compiled function.
 
 from __future__ import annotations
 
+import functools
+
 from llvmlite import ir
 
 from numba import types
@@ -25,6 +27,16 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 LANES = 8
+
+
+@functools.lru_cache(maxsize=1)
+def host_has_fma() -> bool:
+    """Whether this CPU has AVX2 and FMA: kernels built on these vectors are chosen only then
+    (without them each ``fma8`` becomes eight calls)."""
+    from llvmlite import binding
+
+    features = binding.get_host_cpu_features()
+    return bool(features.get("avx2")) and bool(features.get("fma"))
 
 
 class F32x8(types.Type):

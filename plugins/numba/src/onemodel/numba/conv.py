@@ -1599,9 +1599,7 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
         pick(kernel)(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias,
                       act, y)
         return y
-    if type(prepared) is _Winograd:  # constant weights of a 3x3 convolution it suits
-        return prepared.run(X, prepared.u, bias, has_bias, act, plan, y, pick)
-    if prepared is not None and not isinstance(prepared, np.ndarray):  # tiled.Tiled
+    if isinstance(prepared, PreparedCall):  # Winograd or register tiles, made at plan time
         return prepared.run(X, bias, has_bias, act, plan, y)
     length = oh * ow
     c = X.shape[1]
@@ -1744,15 +1742,29 @@ def _prepared_weights(plan, xshape, w):
 _CM_MAX_WEIGHTS = 1 << 20
 
 
-class _Winograd:
-    """Weights transformed for :mod:`.winograd` (U, (16, M, C)) and its ``run``: the plan's
-    convolution goes that way (the module is looked up once, at plan time, not per call)."""
+class PreparedCall:
+    """Constant weights laid out once for a kernel of their own, with that kernel: the plan's
+    convolution goes that way (:func:`_prepared_weights` looks the module up once, at plan
+    time, not per call). Other prepared weights are plain arrays the paths read."""
 
-    __slots__ = ("run", "u")
+    __slots__ = ()
 
-    def __init__(self, u: np.ndarray, run):
+    def run(self, X, bias, has_bias, act, plan, y):
+        """The convolution of C-contiguous ``X`` into C-contiguous ``y``."""
+        raise NotImplementedError
+
+
+class _Winograd(PreparedCall):
+    """Weights transformed for :mod:`.winograd` (U, (16, M, C)) and its ``run``."""
+
+    __slots__ = ("kernel", "u")
+
+    def __init__(self, u: np.ndarray, kernel):
         self.u = u
-        self.run = run
+        self.kernel = kernel
+
+    def run(self, X, bias, has_bias, act, plan, y):
+        return self.kernel(X, self.u, bias, has_bias, act, plan, y, pick)
 
 
 def _immutable(value: np.ndarray) -> bool:

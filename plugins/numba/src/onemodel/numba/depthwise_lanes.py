@@ -11,7 +11,7 @@ applied. The border is multiplied like the plane (zeros times the weights), as t
 does: infinite weights give what it gives.
 
 Taken on one thread for float32 with a multiple of eight channels, when the CPU has AVX2 and
-FMA (``tiled.host_has_fma``), for the shapes :func:`fits` admits, whatever path the plan
+FMA (``_simd.host_has_fma``), for the shapes :func:`fits` admits, whatever path the plan
 chose for the others; measured in docs/benchmarks.md, "Nineteenth round"."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import jit
-from ._simd import fma8, load8, store8, transpose8x8
+from ._simd import fma8, host_has_fma, load8, store8, transpose8x8
 
 # lanes compiles conv._activate_in_place into its own machine code, and numba's on-disk cache
 # revalidates that by this file's time stamp only: a change to the activations there must
@@ -37,8 +37,6 @@ def fits(plan, xshape, dtype, group) -> bool:
     8x8 outputs (0.44-0.68x), and for windows larger than 3x3 over at most 16x16 (0.59-0.85x).
     3x3 windows over 16x16 outputs and more at stride 1 keep theirs (1.05-1.56x); so do planes
     of fewer than eight outputs, whose pixels the tiles of eight leave one at a time."""
-    from .tiled import host_has_fma
-
     _path, (_n, m, oh, ow), s, pb, d, k, _chunk = plan
     c = xshape[1]
     if dtype != np.float32 or group != c or m != c or c % 8 or min(pb) < 0 or \

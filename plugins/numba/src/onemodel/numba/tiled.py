@@ -18,29 +18,18 @@ constants below and docs/benchmarks.md, "Nineteenth round"."""
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ._jit import jit
 from ._prefetch import prefetch
-from ._simd import fma8, load8, splat8, store8
+from ._simd import fma8, host_has_fma, load8, splat8, store8
 
 # _tiles compiles conv._activate into its own machine code, and numba's on-disk cache
 # revalidates that by this file's time stamp only: a change to the activations there must
 # come with a change here (as in winograd.py)
-from .conv import U, _activate
+from .conv import PreparedCall, U, _activate
 
 BLOCK = 32  # output channels per tile: four vectors of eight
-
-
-@functools.lru_cache(maxsize=1)
-def host_has_fma() -> bool:
-    """Whether this CPU has AVX2 and FMA: without them each ``fma8`` becomes eight calls."""
-    from llvmlite import binding
-
-    features = binding.get_host_cpu_features()
-    return bool(features.get("avx2")) and bool(features.get("fma"))
 
 
 # Where the tiles measured faster than the columns and GEMM (python benchmarks/tiled_conv.py,
@@ -224,9 +213,9 @@ def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y)
                                                            act, zero)
 
 
-class Tiled:
+class Tiled(PreparedCall):
     """A convolution's packed weights and tap offsets, made once at plan time; ``run`` does a
-    call (the plan's convolution goes this way: looked up once, not per call)."""
+    call."""
 
     __slots__ = ("hp", "pix_in", "pix_out", "wp", "wq", "xoff")
 
