@@ -77,6 +77,22 @@ def test_torchvision_detector_with_nms_agrees_with_onnxruntime():
                                        err_msg=f"{name} at {h}x{w}")
 
 
+def _agrees_with_onnxruntime(model: str, shape: tuple, seed: int) -> None:
+    """The suite's TorchScript export of ``model`` run by a one-thread session and by
+    onnxruntime on the same random input of ``shape``: the outputs agree."""
+    path = tvm.exported(model, "torchscript")
+    session = Session.load(path, threads=1)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    ref = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    name = session.graph.inputs[0].name
+    feeds = {name: np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
+    want = ref.run(None, feeds)[0]
+    got = next(iter(session.run(feeds, return_numpy=True).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+
+
 @pytest.mark.torch
 def test_squeezenet_at_224_agrees_with_onnxruntime(monkeypatch):
     """SqueezeNet at the size it was made for: its first fire modules' 3x3 convolutions (16 ->
@@ -96,17 +112,7 @@ def test_squeezenet_at_224_agrees_with_onnxruntime(monkeypatch):
                 narrow.append(xshape)
             return taken
         monkeypatch.setattr(winograd, "fits", spy)
-    path = tvm.exported("tv_squeezenet", "torchscript")
-    session = Session.load(path, threads=1)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.log_severity_level = 3
-    ref = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    name = session.graph.inputs[0].name
-    feeds = {name: np.random.default_rng(6).standard_normal((1, 3, 224, 224)).astype(np.float32)}
-    want = ref.run(None, feeds)[0]
-    got = next(iter(session.run(feeds, return_numpy=True).values()))
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+    _agrees_with_onnxruntime("tv_squeezenet", (1, 3, 224, 224), seed=6)
     if winograd is not None:  # fire2 and fire3's expand3x3 (each asked at least once)
         assert len(narrow) >= 2 and set(narrow) == {(1, 16, 55, 55)}, narrow
 
@@ -136,17 +142,7 @@ def test_register_tiles_agree_with_onnxruntime(monkeypatch, model, inputs):
             taken.append(X.shape)
             return real(self, X, *args)
         monkeypatch.setattr(tiled.Tiled, "run", spy)
-    path = tvm.exported(model, "torchscript")
-    session = Session.load(path, threads=1)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.log_severity_level = 3
-    ref = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    name = session.graph.inputs[0].name
-    feeds = {name: np.random.default_rng(7).standard_normal((2, 3, 64, 64)).astype(np.float32)}
-    want = ref.run(None, feeds)[0]
-    got = next(iter(session.run(feeds, return_numpy=True).values()))
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+    _agrees_with_onnxruntime(model, (2, 3, 64, 64), seed=7)
     if tiled is not None and tiled.host_has_fma():
         assert inputs <= set(taken), sorted(set(taken))
 
@@ -167,21 +163,7 @@ def test_depthwise_lanes_agree_with_onnxruntime(monkeypatch):
                 planned.append(tuple(xshape))
                 super().__init__(plan, xshape)
         monkeypatch.setattr(depthwise_lanes, "Geometry", Recorded)
-    path = tvm.exported("tv_mnasnet", "torchscript")
-    session = Session.load(path, threads=1)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.log_severity_level = 3
-    ref = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    name = session.graph.inputs[0].name
-    feeds = {name: np.random.default_rng(8).standard_normal((2, 3, 64, 64)).astype(np.float32)}
-    want = ref.run(None, feeds)[0]
-    got = next(iter(session.run(feeds, return_numpy=True).values()))
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
-    if depthwise_lanes is not None:
-        from onemodel.numba import tiled
-
-        if not tiled.host_has_fma():
-            return
+    _agrees_with_onnxruntime("tv_mnasnet", (2, 3, 64, 64), seed=8)
+    if depthwise_lanes is not None and depthwise_lanes.host_has_fma():
         # (2, 24, 32, 32): 3x3 at stride 2; (2, 240, 4, 4): 5x5 over 4x4
         assert {(2, 24, 32, 32), (2, 240, 4, 4)} <= set(planned), sorted(set(planned))

@@ -12,3 +12,27 @@ def conv_arrays(xs, ws, dtype, seed=0):
     w = rng.standard_normal(ws).astype(dtype)
     b = rng.standard_normal(ws[0]).astype(dtype)
     return x, w, b
+
+
+def file_constant(a: np.ndarray) -> np.ndarray:
+    """``a`` as a file's constant: a read-only view of immutable bytes (what plans lay out
+    once)."""
+    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
+
+
+def fused_site(x, w, b, attrs, act):
+    """(kernel, call site, inputs) of a Conv (``act`` empty) or FusedConv whose weights and
+    bias (when given) are the site's constants, for ``specialize``."""
+    from functools import partial
+
+    from onemodel.numba import conv
+    from onemodel.tensors.ops.specialize import CallSite
+
+    kernel = conv.fused_conv if act else conv.conv
+    attrs = {**attrs, **({"activation": act} if act else {})}
+    generic = partial(kernel, **attrs)
+    inputs = (x, w) if b is None else (x, w, b)
+    want = generic(*inputs)
+    site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
+                    (None, w, *(() if b is None else (b,))), attrs, (want.shape,), generic)
+    return kernel, site, inputs

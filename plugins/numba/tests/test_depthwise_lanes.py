@@ -11,13 +11,14 @@ from functools import partial
 
 import numpy as np
 import pytest
-from conv_arrays import conv_arrays
+from conv_arrays import conv_arrays, file_constant
 
-from onemodel.numba import _jit, conv, depthwise_lanes, tiled
+from onemodel.numba import _jit, conv, depthwise_lanes
+from onemodel.numba._simd import host_has_fma
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
-pytestmark = pytest.mark.skipif(not tiled.host_has_fma(), reason="this CPU has no AVX2/FMA: "
+pytestmark = pytest.mark.skipif(not host_has_fma(), reason="this CPU has no AVX2/FMA: "
                                 "the lanes are never chosen")
 
 ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6"]
@@ -40,11 +41,6 @@ def one_thread(monkeypatch, no_small_convolutions):
             super().__init__(plan, xshape)
     monkeypatch.setattr(depthwise_lanes, "Geometry", Recorded)
     PLANNED.clear()
-
-
-def _constant(a: np.ndarray) -> np.ndarray:
-    """``a`` as a file's constant: a read-only view of immutable bytes."""
-    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
 
 
 def _planned(x, w, b, attrs, act, taken):
@@ -79,7 +75,7 @@ def test_lanes_match_the_reference(xs, attrs):
     k = attrs.pop("kernel", 3)
     ws = (xs[1], 1, k, k)
     x, w, b = conv_arrays(xs, ws, np.float32, seed=5)
-    w, b = _constant(w), _constant(b)
+    w, b = file_constant(w), file_constant(b)
     plan = conv._plan(xs, ws, 4, None, conv._key(attrs.get("strides")),
                       conv._key(attrs.get("pads")), conv._key(attrs.get("dilations")), "NOTSET",
                       xs[1], True)
@@ -99,7 +95,7 @@ def test_lanes_match_pytorch():
     torch = pytest.importorskip("torch")
     xs, ws = (2, 40, 15, 13), (40, 1, 5, 5)
     x, w, b = conv_arrays(xs, ws, np.float32, seed=9)
-    w, b = _constant(w), _constant(b)
+    w, b = file_constant(w), file_constant(b)
     call, inputs, _ = _planned(x, w, b, dict(pads=(2, 1, 2, 1), strides=(2, 2)), "", True)
     got = call(*inputs)
     want = torch.nn.functional.conv2d(
@@ -115,7 +111,7 @@ def test_nan_and_inf_propagate_like_the_reference():
     x, w, b = conv_arrays(xs, ws, np.float32, seed=2)
     x[0, 3, 4, 4] = np.nan
     w[5, 0, 0, 0] = np.inf  # the border too: zero times infinity, as the reference has it
-    w, b = _constant(w), _constant(b)
+    w, b = file_constant(w), file_constant(b)
     for act in ("", "Relu"):
         call, inputs, want = _planned(x, w, b, dict(pads=(1, 1, 1, 1), strides=(2, 2)), act,
                                       True)
@@ -166,7 +162,7 @@ def test_strided_inputs_give_the_same_result():
     """An input that is a strided view is read as its values (the planned call copies it)."""
     xs, ws = (2, 16, 10, 10), (16, 1, 3, 3)
     x, w, b = conv_arrays(xs, ws, np.float32, seed=12)
-    w, b = _constant(w), _constant(b)
+    w, b = file_constant(w), file_constant(b)
     call, _, _ = _planned(x, w, b, dict(pads=(1, 1, 1, 1), strides=(2, 2)), "Relu", True)
     wide = np.zeros((2, 16, 10, 20), np.float32)
     wide[..., ::2] = x

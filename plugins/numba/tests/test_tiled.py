@@ -8,15 +8,13 @@ integration-tests/realmodels/test_torchvision_models.py."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import pytest
-from conv_arrays import conv_arrays
+from conv_arrays import conv_arrays, file_constant, fused_site
 
 from onemodel.numba import _jit, conv, tiled, winograd
 from onemodel.tensors.ops import OPS
-from onemodel.tensors.ops.specialize import CallSite, specialize
+from onemodel.tensors.ops.specialize import specialize
 
 pytestmark = pytest.mark.skipif(not tiled.host_has_fma(), reason="this CPU has no AVX2/FMA: "
                                 "the tiles are never chosen")
@@ -34,22 +32,6 @@ def one_thread(monkeypatch, no_small_convolutions):
     monkeypatch.setattr(tiled, "POINTWISE_MIN_WEIGHTS", 0)
 
 
-def _constant(a: np.ndarray) -> np.ndarray:
-    """``a`` as a file's constant: a read-only view of immutable bytes."""
-    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
-
-
-def _site(x, w, b, attrs, act):
-    kernel = conv.fused_conv if act else conv.conv
-    attrs = {**attrs, **({"activation": act} if act else {})}
-    generic = partial(kernel, **attrs)
-    inputs = (x, w) if b is None else (x, w, b)
-    want = generic(*inputs)
-    site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
-                    (None, w, *(() if b is None else (b,))), attrs, (want.shape,), generic)
-    return kernel, site, inputs
-
-
 def _prepared(xs, ws, attrs):
     x4, w4 = (xs, ws) if len(xs) == 4 else ((xs[0], xs[1], 1, xs[2]), (ws[0], ws[1], 1, ws[2]))
     two = (lambda v: v) if len(xs) == 4 else (lambda v: None if v is None else (1, *v))
@@ -60,7 +42,7 @@ def _prepared(xs, ws, attrs):
                       conv._key(two(attrs.get("dilations"))), attrs.get("auto_pad", "NOTSET"),
                       1, True)
     _, w, _ = conv_arrays(xs, ws, np.float32)
-    return conv._prepared_weights(plan, x4, _constant(w).reshape(w4))
+    return conv._prepared_weights(plan, x4, file_constant(w).reshape(w4))
 
 
 CASES = [  # (X shape, W shape, attrs): output pixels n*oh*ow noted where they end a tile early
@@ -84,11 +66,11 @@ CASES = [  # (X shape, W shape, attrs): output pixels n*oh*ow noted where they e
 @pytest.mark.parametrize("xs, ws, attrs", CASES)
 def test_tiles_match_the_reference(xs, ws, attrs):
     x, w, b = conv_arrays(xs, ws, np.float32, seed=3)
-    w = _constant(w)
+    w = file_constant(w)
     assert isinstance(_prepared(xs, ws, attrs), tiled.Tiled)
     scale = max(float(np.abs(OPS["Conv"].kernel(x, w, b, **attrs)).max()), 1.0)
     for act, bias in zip(ACTIVATIONS, (b, None, b, None, b, None)):
-        kernel, site, inputs = _site(x, w, bias, attrs, act)
+        kernel, site, inputs = fused_site(x, w, bias, attrs, act)
         call = specialize(kernel, site)
         want = OPS["FusedConv" if act else "Conv"].kernel(
             *inputs, **attrs, **({"activation": act} if act else {}))
@@ -106,8 +88,8 @@ def test_tiles_match_pytorch():
     xs, ws = (2, 9, 17, 13), (64, 9, 3, 3)
     attrs = dict(pads=(2, 1, 2, 1), strides=(2, 1), dilations=(2, 1))
     x, w, b = conv_arrays(xs, ws, np.float32, seed=8)
-    w = _constant(w)
-    kernel, site, inputs = _site(x, w, b, attrs, "")
+    w = file_constant(w)
+    kernel, site, inputs = fused_site(x, w, b, attrs, "")
     assert isinstance(_prepared(xs, ws, attrs), tiled.Tiled)
     got = specialize(kernel, site)(*inputs)
     want = torch.nn.functional.conv2d(
@@ -124,10 +106,10 @@ def test_nan_and_inf_propagate_like_the_reference():
     x, w, b = conv_arrays(xs, ws, np.float32, seed=2)
     x[0, 1, 2, 3] = np.nan
     w[3, 2, 1, 1] = np.inf
-    w = _constant(w)
+    w = file_constant(w)
     attrs = dict(pads=(1, 1, 1, 1))
     for act in ("", "Relu"):
-        kernel, site, inputs = _site(x, w, b, attrs, act)
+        kernel, site, inputs = fused_site(x, w, b, attrs, act)
         got = specialize(kernel, site)(*inputs)
         want = OPS["FusedConv" if act else "Conv"].kernel(
             *inputs, **attrs, **({"activation": act} if act else {}))
@@ -166,12 +148,12 @@ def test_taken_only_where_it_measured_faster(monkeypatch):
     xs, ws = (1, 32, 8, 8), (64, 32, 3, 3)
     plan = conv._plan(xs, ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
     _, w, _ = conv_arrays(xs, ws, np.float32, seed=4)
-    assert isinstance(conv._prepared_weights(plan, xs, _constant(w)), conv._Winograd)
+    assert isinstance(conv._prepared_weights(plan, xs, file_constant(w)), conv._Winograd)
     monkeypatch.setattr(winograd, "MIN_PLANE", 1 << 30)
-    assert isinstance(conv._prepared_weights(plan, xs, _constant(w)), tiled.Tiled)
-    assert conv._prepared_weights(plan, xs, _constant(w.astype(np.float64))) is None
+    assert isinstance(conv._prepared_weights(plan, xs, file_constant(w)), tiled.Tiled)
+    assert conv._prepared_weights(plan, xs, file_constant(w.astype(np.float64))) is None
     monkeypatch.setattr(_jit, "_parallel", True)
-    assert conv._prepared_weights(plan, xs, _constant(w)) is None
+    assert conv._prepared_weights(plan, xs, file_constant(w)) is None
 
 
 def test_weights_changed_in_place_are_seen(monkeypatch):
@@ -179,7 +161,7 @@ def test_weights_changed_in_place_are_seen(monkeypatch):
     xs, ws = (1, 8, 9, 9), (32, 8, 3, 3)
     x, w, b = conv_arrays(xs, ws, np.float32, seed=6)
     attrs = dict(pads=(1, 1, 1, 1))
-    kernel, site, inputs = _site(x, w, b, attrs, "")
+    kernel, site, inputs = fused_site(x, w, b, attrs, "")
     call = specialize(kernel, site)
     w *= 2
     np.testing.assert_allclose(call(*inputs), OPS["Conv"].kernel(x, w, b, **attrs),
@@ -191,9 +173,9 @@ def test_strided_inputs_give_the_same_result():
     values, through the planned call's contiguous copy."""
     xs, ws = (2, 16, 9, 9), (64, 16, 3, 3)
     x, w, b = conv_arrays(xs, ws, np.float32, seed=11)
-    w = _constant(w)
+    w = file_constant(w)
     attrs = dict(pads=(1, 1, 1, 1))
-    kernel, site, _ = _site(x, w, b, attrs, "Relu")
+    kernel, site, _ = fused_site(x, w, b, attrs, "Relu")
     assert isinstance(_prepared(xs, ws, attrs), tiled.Tiled)
     call = specialize(kernel, site)
     wide = np.zeros((2, 32, 9, 9), np.float32)

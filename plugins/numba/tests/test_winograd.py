@@ -6,15 +6,13 @@ folded into its 3x3 convolutions (folded weights are such constants) against onn
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import pytest
-from conv_arrays import conv_arrays
+from conv_arrays import conv_arrays, file_constant, fused_site
 
 from onemodel.numba import _jit, conv, winograd
 from onemodel.tensors.ops import OPS
-from onemodel.tensors.ops.specialize import CallSite, specialize
+from onemodel.tensors.ops.specialize import specialize
 
 ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish"]
 # relative to the output's scale: float32 transforms round differently from the direct sum
@@ -30,22 +28,6 @@ def one_thread(monkeypatch, no_small_convolutions):
     monkeypatch.setattr(winograd, "MIN_PLANE", 4)
 
 
-def _constant(a: np.ndarray) -> np.ndarray:
-    """``a`` as a file's constant: a read-only view of immutable bytes."""
-    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
-
-
-def _site(x, w, b, attrs, act):
-    kernel = conv.fused_conv if act else conv.conv
-    attrs = {**attrs, **({"activation": act} if act else {})}
-    generic = partial(kernel, **attrs)
-    inputs = (x, w) if b is None else (x, w, b)
-    want = generic(*inputs)
-    site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
-                    (None, w, *(() if b is None else (b,))), attrs, (want.shape,), generic)
-    return kernel, site, inputs
-
-
 CASES = [  # (X shape, W shape, attrs)
     ((1, 8, 14, 14), (6, 8, 3, 3), dict(pads=(1, 1, 1, 1))),
     ((2, 5, 13, 11), (7, 5, 3, 3), dict(pads=(1, 1, 1, 1))),  # odd outputs: partial blocks
@@ -59,11 +41,11 @@ CASES = [  # (X shape, W shape, attrs)
 @pytest.mark.parametrize("xs, ws, attrs", CASES)
 def test_winograd_matches_the_reference(xs, ws, attrs, dtype):
     x, w, b = conv_arrays(xs, ws, dtype, seed=3)
-    w = _constant(w)
+    w = file_constant(w)
     # errors scale with the sums before the activation (Tanh's outputs stay within 1)
     scale = max(float(np.abs(OPS["Conv"].kernel(x, w, b, **attrs)).max()), 1.0)
     for act, bias in zip(ACTIVATIONS, (b, None, b, None, b)):
-        kernel, site, inputs = _site(x, w, bias, attrs, act)
+        kernel, site, inputs = fused_site(x, w, bias, attrs, act)
         plan = conv._plan(xs, ws, x.itemsize, None, conv._key(attrs.get("strides")),
                           conv._key(attrs.get("pads")), None, attrs.get("auto_pad", "NOTSET"),
                           1, True)
@@ -86,8 +68,8 @@ def test_only_constant_weights_on_one_thread_and_suitable_shapes(monkeypatch):
     xs, ws = (1, 8, 14, 14), (6, 8, 3, 3)
     plan = conv._plan(xs, ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
     x, w, b = conv_arrays(xs, ws, np.float32, seed=4)
-    assert conv._prepared_weights(plan, xs, _constant(w)) is not None
-    kernel, site, inputs = _site(x, w, b, dict(pads=(1, 1, 1, 1)), "")
+    assert conv._prepared_weights(plan, xs, file_constant(w)) is not None
+    kernel, site, inputs = fused_site(x, w, b, dict(pads=(1, 1, 1, 1)), "")
     call = specialize(kernel, site)
     w *= 2  # in place, after planning: the convolution sees it
     np.testing.assert_allclose(call(*inputs), OPS["Conv"].kernel(x, w, b, pads=(1, 1, 1, 1)),
@@ -103,7 +85,7 @@ def test_only_constant_weights_on_one_thread_and_suitable_shapes(monkeypatch):
     small = conv._plan((1, 8, 7, 7), ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
     assert not winograd.fits(small, (1, 8, 7, 7), ws, 1)  # 7x7: products of 16 columns
     monkeypatch.setattr(_jit, "_parallel", True)
-    assert conv._prepared_weights(plan, xs, _constant(w)) is None
+    assert conv._prepared_weights(plan, xs, file_constant(w)) is None
 
 
 
