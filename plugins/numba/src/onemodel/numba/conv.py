@@ -1827,6 +1827,14 @@ def _conv_site(site: CallSite, act: int):
         trimmed = _without_dead_taps(site, plan, w_const, act)
         if trimmed is not None:
             return trimmed
+    if not one_d and w_ready is not None and _immutable(w_ready) and dtype == np.float32 and \
+            not _jit._parallel:
+        from . import pointwise, tiled
+
+        if pointwise.fits(plan, x4, w4, group) and not tiled.fits(plan, x4, w4, group) and (
+                not has_bias or (b_const is not _UNSET and _immutable(b_const))):
+            return _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias,
+                                   act, site.generic)
     w_prepared = _prepared_weights(plan, x4, w_ready) if w_ready is not None and _immutable(w_ready) \
         else None
     if plan[0] == _SMALL:
@@ -2031,6 +2039,35 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
             (bound[0] or _jit.bind(bound, serial, (X, *args, y)))(X, *args, y)
         return y
     return depthwise_at
+
+
+def _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias, act, generic):
+    """The planned call of a small float32 1x1 convolution with constant weights and bias
+    (:mod:`.pointwise`): the kernel and its packed operands chosen once, so a call checks
+    its arrays and runs the kernel's machine code. Anything else (other weights or bias, an
+    input or ``out`` of another shape, dtype or layout) goes to the generic call."""
+    from . import pointwise
+
+    dtype = np.dtype(np.float32)
+    bias = b_const if has_bias else None
+    kernel = pointwise.kernel(plan, xshape, 1)
+    if kernel is pointwise.channel_lanes:
+        args = (*pointwise.packed_weights(w_ready, bias), act)
+    else:
+        args = (w_ready.reshape(-1), bias if has_bias else _NO_BIAS[dtype], has_bias, act)
+    bound = [None]  # the kernel's machine code for these types (_jit.entry), from the first call
+
+    def pointwise_at(X, W, B=None, out=None):
+        if W is not w_const or (B is not b_const if has_bias else B is not None) or \
+                X.shape != xshape or X.dtype != dtype or (out is not None and (
+                    out.shape != yshape or out.dtype != dtype or not out.flags.carray)):
+            return generic(X, W, B, out=out)
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        y = np.empty(yshape, dtype) if out is None else out
+        (bound[0] or _jit.bind(bound, kernel, (X, *args, y)))(X, *args, y)
+        return y
+    return pointwise_at
 
 
 def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, table):

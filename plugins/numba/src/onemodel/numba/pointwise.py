@@ -1,0 +1,387 @@
+"""1x1 convolutions over small planes as a small matrix product on register tiles
+(:mod:`._simd`): Y (M, pixels) = W (M, C) times X (C, pixels) for each image, plus the bias,
+then the activation.
+
+Why: MobileNet-style networks at small inputs run dozens of these, each of a few thousand to a
+few hundred thousand multiply-adds (2x144x2x2 -> 24, 2x40x1x1 -> 240). The columns kernel's
+dot products (``conv._small_conv``) and a BLAS call spend most of such a call around the
+arithmetic: 1.2-3.9 us a call where the products take a fraction of one. Two tile shapes,
+twelve vector sums kept in registers over the C input channels, whichever dimension is long
+enough to fill the lanes:
+
+- :func:`pixel_lanes`: eight pixels in a vector, four output channels by three vectors; each
+  input channel's row is read as it lies in NCHW (when a plane is a multiple of eight
+  pixels), the weights broadcast. Planes of another size are first gathered into (C, pixels
+  of all the images) rows padded to eight.
+- :func:`channel_lanes`: eight output channels in a vector (weights packed once, C by M
+  padded to eight), 32 channels by three pixels; each input value broadcast. For wide outputs
+  over a handful of pixels (1x1 and 2x2 planes), whose pixels would leave most lanes empty.
+
+The bias starts the sums; the activation runs over the output after. Chosen by :func:`fits`
+where it measured faster than the plan's other kernels (``python
+benchmarks/tiled_conv.py``; docs/benchmarks.md, "Twentieth round")."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import jit
+from ._simd import fma8, host_has_fma, load8, splat8, store8
+
+# the kernels compile conv._activate_in_place into their own machine code, and numba's
+# on-disk cache revalidates that by this file's time stamp only: a change to the activations
+# there must come with a change here (as in winograd.py)
+from .conv import U, _activate_in_place
+
+PIXEL_LANES_ALWAYS = 16  # pixels in a plane
+PIXEL_LANES_MAX_INPUT = 12 << 10  # floats in one image's input (C * pixels)
+CHANNEL_LANES_MAX_MACS = 512 << 10
+
+
+def fits(plan, xshape, wshape, group) -> bool:
+    """Whether a float32 convolution of this plan is a small 1x1 product one of these
+    kernels takes (given constant, immutable weights; the caller checks the dtype and the
+    thread mode): where they measured faster than the plan's BLAS call or columns kernel
+    (``python benchmarks/tiled_conv.py``, one thread).
+
+    - Pixel lanes: planes of a multiple of eight pixels and a multiple of four output
+      channels, over planes of at most 16 pixels or an image's input of at most 48 KiB
+      (past it BLAS's packed panels, which read the input fewer times, measured 1.07-1.16x).
+    - Channel lanes: planes of at most four pixels, or nine with 32 output channels or more,
+      up to 512 K multiply-adds (ten outputs over 3x3 planes: 1.22x; 7x7 planes 1.0-1.13x)."""
+    return kernel(plan, xshape, group) is not None
+
+
+def kernel(plan, xshape, group):
+    """:func:`pixel_lanes`, :func:`channel_lanes` or None (:func:`fits`)."""
+    _path, (n, m, oh, ow), s, pb, _d, k, _chunk = plan
+    if group != 1 or k != (1, 1) or s != (1, 1) or pb != (0, 0) or (oh, ow) != tuple(
+            xshape[2:]) or not host_has_fma():
+        return None
+    c, plane = xshape[1], oh * ow
+    if plane % 8 == 0:
+        if m % 4 == 0 and (plane <= PIXEL_LANES_ALWAYS or c * plane <= PIXEL_LANES_MAX_INPUT):
+            return pixel_lanes
+        return None
+    if (plane <= 4 or (plane <= 9 and m >= 32)) and n * m * c * plane <= CHANNEL_LANES_MAX_MACS:
+        return channel_lanes
+    return None
+
+
+def packed_weights(w: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(M, C, 1, 1) weights -> flat (C, M padded to eight) for :func:`channel_lanes`, and the
+    bias padded likewise (zeros without one)."""
+    m, c = w.shape[0], w.shape[1]
+    mpad = -(-m // 8) * 8
+    wp = np.zeros((c, mpad), np.float32)
+    wp[:, :m] = w.reshape(m, c).T
+    bp = np.zeros(mpad, np.float32)
+    if bias is not None:
+        bp[:m] = bias
+    return wp.ravel(), bp
+
+
+@jit()
+def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, o0, ostride):
+    """of[o0 + m * ostride + q] = bias[m] + sum over c of wf[m * c_in + c] *
+    xf[x0 + c * xstride + q], for m < m_out and q < 8 * vecs: four output channels by three
+    vectors of eight pixels per tile (two or one vector at the row's end, one channel at a
+    time past the last four)."""
+    zero = np.float32(0.0)
+    m = 0
+    while m < m_out:
+        four = m + 4 <= m_out
+        b0 = splat8(bias[m] if has_bias else zero)
+        b1, b2, b3 = b0, b0, b0
+        if four:
+            b1 = splat8(bias[m + 1] if has_bias else zero)
+            b2 = splat8(bias[m + 2] if has_bias else zero)
+            b3 = splat8(bias[m + 3] if has_bias else zero)
+        w0, w1, w2, w3 = m * c_in, (m + 1) * c_in, (m + 2) * c_in, (m + 3) * c_in
+        v = 0
+        while v < vecs:
+            q = 8 * v
+            xb = x0 + q
+            ob = o0 + m * ostride + q
+            if four and v + 3 <= vecs:
+                a00, a01, a02 = b0, b0, b0
+                a10, a11, a12 = b1, b1, b1
+                a20, a21, a22 = b2, b2, b2
+                a30, a31, a32 = b3, b3, b3
+                for c in range(c_in):
+                    xc = xb + c * xstride
+                    x0v = load8(xf, U(xc))
+                    x1v = load8(xf, U(xc + 8))
+                    x2v = load8(xf, U(xc + 16))
+                    s = splat8(wf[U(w0 + c)])
+                    a00 = fma8(s, x0v, a00)
+                    a01 = fma8(s, x1v, a01)
+                    a02 = fma8(s, x2v, a02)
+                    s = splat8(wf[U(w1 + c)])
+                    a10 = fma8(s, x0v, a10)
+                    a11 = fma8(s, x1v, a11)
+                    a12 = fma8(s, x2v, a12)
+                    s = splat8(wf[U(w2 + c)])
+                    a20 = fma8(s, x0v, a20)
+                    a21 = fma8(s, x1v, a21)
+                    a22 = fma8(s, x2v, a22)
+                    s = splat8(wf[U(w3 + c)])
+                    a30 = fma8(s, x0v, a30)
+                    a31 = fma8(s, x1v, a31)
+                    a32 = fma8(s, x2v, a32)
+                store8(of, U(ob), a00)
+                store8(of, U(ob + 8), a01)
+                store8(of, U(ob + 16), a02)
+                ob += ostride
+                store8(of, U(ob), a10)
+                store8(of, U(ob + 8), a11)
+                store8(of, U(ob + 16), a12)
+                ob += ostride
+                store8(of, U(ob), a20)
+                store8(of, U(ob + 8), a21)
+                store8(of, U(ob + 16), a22)
+                ob += ostride
+                store8(of, U(ob), a30)
+                store8(of, U(ob + 8), a31)
+                store8(of, U(ob + 16), a32)
+                v += 3
+            elif four and v + 2 <= vecs:  # the row's last two vectors
+                a00, a01 = b0, b0
+                a10, a11 = b1, b1
+                a20, a21 = b2, b2
+                a30, a31 = b3, b3
+                for c in range(c_in):
+                    xc = xb + c * xstride
+                    x0v = load8(xf, U(xc))
+                    x1v = load8(xf, U(xc + 8))
+                    s = splat8(wf[U(w0 + c)])
+                    a00 = fma8(s, x0v, a00)
+                    a01 = fma8(s, x1v, a01)
+                    s = splat8(wf[U(w1 + c)])
+                    a10 = fma8(s, x0v, a10)
+                    a11 = fma8(s, x1v, a11)
+                    s = splat8(wf[U(w2 + c)])
+                    a20 = fma8(s, x0v, a20)
+                    a21 = fma8(s, x1v, a21)
+                    s = splat8(wf[U(w3 + c)])
+                    a30 = fma8(s, x0v, a30)
+                    a31 = fma8(s, x1v, a31)
+                store8(of, U(ob), a00)
+                store8(of, U(ob + 8), a01)
+                ob += ostride
+                store8(of, U(ob), a10)
+                store8(of, U(ob + 8), a11)
+                ob += ostride
+                store8(of, U(ob), a20)
+                store8(of, U(ob + 8), a21)
+                ob += ostride
+                store8(of, U(ob), a30)
+                store8(of, U(ob + 8), a31)
+                v += 2
+            elif four:  # the row's last vector
+                a00, a10, a20, a30 = b0, b1, b2, b3
+                for c in range(c_in):
+                    x0v = load8(xf, U(xb + c * xstride))
+                    a00 = fma8(splat8(wf[U(w0 + c)]), x0v, a00)
+                    a10 = fma8(splat8(wf[U(w1 + c)]), x0v, a10)
+                    a20 = fma8(splat8(wf[U(w2 + c)]), x0v, a20)
+                    a30 = fma8(splat8(wf[U(w3 + c)]), x0v, a30)
+                store8(of, U(ob), a00)
+                store8(of, U(ob + ostride), a10)
+                store8(of, U(ob + 2 * ostride), a20)
+                store8(of, U(ob + 3 * ostride), a30)
+                v += 1
+            elif v + 3 <= vecs:  # one of the last (m_out % 4) channels: three vectors
+                a00, a01, a02 = b0, b0, b0
+                for c in range(c_in):
+                    xc = xb + c * xstride
+                    s = splat8(wf[U(w0 + c)])
+                    a00 = fma8(s, load8(xf, U(xc)), a00)
+                    a01 = fma8(s, load8(xf, U(xc + 8)), a01)
+                    a02 = fma8(s, load8(xf, U(xc + 16)), a02)
+                store8(of, U(ob), a00)
+                store8(of, U(ob + 8), a01)
+                store8(of, U(ob + 16), a02)
+                v += 3
+            else:  # one of the last channels, a vector at a time
+                a00 = b0
+                for c in range(c_in):
+                    a00 = fma8(splat8(wf[U(w0 + c)]), load8(xf, U(xb + c * xstride)), a00)
+                store8(of, U(ob), a00)
+                v += 1
+        m += 4 if four else 1
+
+
+@jit()
+def pixel_lanes(x, wf, bias, has_bias, act, y):
+    """y = act(conv1x1(x) + bias) for C-contiguous float32 NCHW ``x`` and ``y``, ``wf`` the
+    weights flat (M * C): eight pixels in a vector (module docstring)."""
+    n_img, c_in = x.shape[0], x.shape[1]
+    m_out = y.shape[1]
+    plane = y.size // (n_img * m_out)
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    if plane % 8 == 0:  # each image's rows as they lie
+        for img in range(n_img):
+            _rows_by_pixels(xf, img * c_in * plane, plane, wf, bias, has_bias, c_in, m_out,
+                            plane // 8, yf, img * m_out * plane, plane)
+    else:  # the pixels of all the images gathered into rows padded to eight, then scattered
+        width = -(-(n_img * plane) // 8) * 8
+        xt = np.zeros(c_in * width, np.float32)
+        for img in range(n_img):
+            for c in range(c_in):
+                src = (img * c_in + c) * plane
+                dst = c * width + img * plane
+                for p in range(plane):
+                    xt[U(dst + p)] = xf[U(src + p)]
+        res = np.empty(m_out * width, np.float32)
+        _rows_by_pixels(xt, 0, width, wf, bias, has_bias, c_in, m_out, width // 8, res, 0,
+                        width)
+        for img in range(n_img):
+            for m in range(m_out):
+                src = m * width + img * plane
+                dst = (img * m_out + m) * plane
+                for p in range(plane):
+                    yf[U(dst + p)] = res[U(src + p)]
+    _activate_in_place(yf, 0, y.size, act, np.float32(0.0))
+
+
+@jit()
+def channel_lanes(x, wp, bp, act, y):
+    """y = act(conv1x1(x) + bias) for C-contiguous float32 NCHW ``x`` and ``y``, with the
+    weights and bias of :func:`packed_weights`: eight output channels in a vector, three
+    pixels (of the images' flat pixel order) per tile; the last tile repeats its last pixel
+    and stores only the pixels there are. Blocks of channels outside, pixels inside: each
+    weight is read from memory once, however many pixels there are."""
+    n_img, c_in = x.shape[0], x.shape[1]
+    m_out = y.shape[1]
+    plane = y.size // (n_img * m_out)
+    mpad = bp.shape[0]
+    npix = n_img * plane
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    res = np.empty((npix + 2) * mpad, np.float32)  # (pixel, channel), the repeats past npix
+    mb = 0
+    while mb < mpad:
+        wide = mb + 32 <= mpad
+        j = 0
+        while j < npix:
+            left = npix - j
+            j1, j2 = min(j + 1, npix - 1), min(j + 2, npix - 1)
+            p0 = (j // plane) * c_in * plane + j % plane
+            p1 = (j1 // plane) * c_in * plane + j1 % plane
+            p2 = (j2 // plane) * c_in * plane + j2 % plane
+            r0 = j * mpad + mb
+            if wide and left >= 3:
+                a00 = load8(bp, U(mb))
+                a01 = load8(bp, U(mb + 8))
+                a02 = load8(bp, U(mb + 16))
+                a03 = load8(bp, U(mb + 24))
+                a10, a11, a12, a13 = a00, a01, a02, a03
+                a20, a21, a22, a23 = a00, a01, a02, a03
+                for c in range(c_in):
+                    wo = c * mpad + mb
+                    w0 = load8(wp, U(wo))
+                    w1 = load8(wp, U(wo + 8))
+                    w2 = load8(wp, U(wo + 16))
+                    w3 = load8(wp, U(wo + 24))
+                    xo = c * plane
+                    s = splat8(xf[U(p0 + xo)])
+                    a00 = fma8(s, w0, a00)
+                    a01 = fma8(s, w1, a01)
+                    a02 = fma8(s, w2, a02)
+                    a03 = fma8(s, w3, a03)
+                    s = splat8(xf[U(p1 + xo)])
+                    a10 = fma8(s, w0, a10)
+                    a11 = fma8(s, w1, a11)
+                    a12 = fma8(s, w2, a12)
+                    a13 = fma8(s, w3, a13)
+                    s = splat8(xf[U(p2 + xo)])
+                    a20 = fma8(s, w0, a20)
+                    a21 = fma8(s, w1, a21)
+                    a22 = fma8(s, w2, a22)
+                    a23 = fma8(s, w3, a23)
+                store8(res, U(r0), a00)
+                store8(res, U(r0 + 8), a01)
+                store8(res, U(r0 + 16), a02)
+                store8(res, U(r0 + 24), a03)
+                r0 += mpad
+                store8(res, U(r0), a10)
+                store8(res, U(r0 + 8), a11)
+                store8(res, U(r0 + 16), a12)
+                store8(res, U(r0 + 24), a13)
+                r0 += mpad
+                store8(res, U(r0), a20)
+                store8(res, U(r0 + 8), a21)
+                store8(res, U(r0 + 16), a22)
+                store8(res, U(r0 + 24), a23)
+                j += 3
+            elif wide and left == 2:  # the last two pixels (two images of 1x1 planes)
+                a00 = load8(bp, U(mb))
+                a01 = load8(bp, U(mb + 8))
+                a02 = load8(bp, U(mb + 16))
+                a03 = load8(bp, U(mb + 24))
+                a10, a11, a12, a13 = a00, a01, a02, a03
+                for c in range(c_in):
+                    wo = c * mpad + mb
+                    w0 = load8(wp, U(wo))
+                    w1 = load8(wp, U(wo + 8))
+                    w2 = load8(wp, U(wo + 16))
+                    w3 = load8(wp, U(wo + 24))
+                    xo = c * plane
+                    s = splat8(xf[U(p0 + xo)])
+                    a00 = fma8(s, w0, a00)
+                    a01 = fma8(s, w1, a01)
+                    a02 = fma8(s, w2, a02)
+                    a03 = fma8(s, w3, a03)
+                    s = splat8(xf[U(p1 + xo)])
+                    a10 = fma8(s, w0, a10)
+                    a11 = fma8(s, w1, a11)
+                    a12 = fma8(s, w2, a12)
+                    a13 = fma8(s, w3, a13)
+                store8(res, U(r0), a00)
+                store8(res, U(r0 + 8), a01)
+                store8(res, U(r0 + 16), a02)
+                store8(res, U(r0 + 24), a03)
+                r0 += mpad
+                store8(res, U(r0), a10)
+                store8(res, U(r0 + 8), a11)
+                store8(res, U(r0 + 16), a12)
+                store8(res, U(r0 + 24), a13)
+                j += 2
+            elif wide:  # the last pixel
+                a00 = load8(bp, U(mb))
+                a01 = load8(bp, U(mb + 8))
+                a02 = load8(bp, U(mb + 16))
+                a03 = load8(bp, U(mb + 24))
+                for c in range(c_in):
+                    wo = c * mpad + mb
+                    s = splat8(xf[U(p0 + c * plane)])
+                    a00 = fma8(s, load8(wp, U(wo)), a00)
+                    a01 = fma8(s, load8(wp, U(wo + 8)), a01)
+                    a02 = fma8(s, load8(wp, U(wo + 16)), a02)
+                    a03 = fma8(s, load8(wp, U(wo + 24)), a03)
+                store8(res, U(r0), a00)
+                store8(res, U(r0 + 8), a01)
+                store8(res, U(r0 + 16), a02)
+                store8(res, U(r0 + 24), a03)
+                j += 1
+            else:  # eight channels of the last 8, 16 or 24
+                a00 = load8(bp, U(mb))
+                a10, a20 = a00, a00
+                for c in range(c_in):
+                    w0 = load8(wp, U(c * mpad + mb))
+                    xo = c * plane
+                    a00 = fma8(splat8(xf[U(p0 + xo)]), w0, a00)
+                    a10 = fma8(splat8(xf[U(p1 + xo)]), w0, a10)
+                    a20 = fma8(splat8(xf[U(p2 + xo)]), w0, a20)
+                store8(res, U(r0), a00)
+                store8(res, U(r0 + mpad), a10)
+                store8(res, U(r0 + 2 * mpad), a20)
+                j += 3
+        mb += 32 if wide else 8
+    for j in range(npix):
+        ob = (j // plane) * m_out * plane + j % plane
+        for m in range(m_out):
+            yf[U(ob + m * plane)] = res[U(j * mpad + m)]
+    _activate_in_place(yf, 0, y.size, act, np.float32(0.0))
