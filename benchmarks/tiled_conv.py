@@ -8,6 +8,8 @@ with constant float32 weights. One thread; bias and Relu on every call.
   read before each call (their weights come from memory in a model's run).
 - Depthwise convolutions in vector lanes (``depthwise_lanes``) against the kernel of the
   plan's path (the planned call with the lanes turned off).
+- Small 1x1 convolutions on register tiles (``pointwise``: pixel or channel lanes) against
+  the planned call without them (the columns kernel of small convolutions, or BLAS).
 
 Each row: the medians in microseconds (the engines timed in turn, paired), the new kernel's
 time over the other path's and over onnxruntime's, whether the plan takes it, and for the
@@ -58,6 +60,26 @@ SHAPES = [
     ((2, 1152, 2, 2), (320, 1152, 1, 1), 1, 0, 1, "tv_efficientnet_b0"),
     ((2, 1024, 2, 2), (128, 1024, 1, 1), 1, 0, 1, "tv_densenet121"),
     ((2, 112, 4, 4), (672, 112, 1, 1), 1, 0, 1, "tv_efficientnet_b0"),
+]
+# (input, output channels, a model that has it): 1x1 convolutions
+POINTWISE = [
+    ((2, 8, 8, 8), 48, "mobilenet_v2 (transformers)"),
+    ((2, 8, 4, 4), 48, "mobilenet_v2 (transformers)"),
+    ((2, 144, 2, 2), 24, "mobilenet_v2 (transformers)"),
+    ((2, 24, 2, 2), 144, "mobilenet_v2 (transformers)"),
+    ((2, 240, 1, 1), 40, "mobilenet_v2 (transformers)"),
+    ((2, 40, 1, 1), 240, "mobilenet_v2 (transformers)"),
+    ((2, 8, 16, 16), 48, "mobilenet_v2 (transformers)"),
+    ((2, 672, 1, 1), 28, "tv_efficientnet_b0 (SE)"),
+    ((2, 48, 3, 3), 192, "tv_squeezenet"),
+    ((2, 96, 4, 4), 40, "tv_mobilenet_v3_small"),
+    ((2, 24, 16, 16), 16, "tv_mnasnet"),
+    ((2, 576, 4, 4), 128, "tv_densenet121"),
+    ((2, 960, 4, 4), 160, "tv_lraspp_mobilenet_v3"),
+    ((2, 128, 8, 8), 128, "tv_densenet121"),
+    ((2, 24, 16, 16), 144, "tv_efficientnet_b0"),
+    ((2, 96, 2, 2), 576, "tv_mnasnet"),
+    ((1, 240, 1, 1), 64, "batch 1 (SE)"),
 ]
 # (input, window, stride, a model that has it): depthwise, pads k // 2
 DEPTHWISE = [
@@ -162,7 +184,51 @@ def main(argv: list[str] | None = None) -> int:
                   f"{t_other:8.1f} {t_tiles:8.1f} {t_ort:8.1f}  {t_tiles / t_other:6.2f} "
                   f"{t_tiles / t_ort:5.2f}")
     _depthwise(args.calls, rng)
+    _pointwise(args.calls, rng)
     return 0
+
+
+def _pointwise(calls: int, rng) -> None:
+    from onemodel.numba import conv, pointwise
+    from onemodel.tensors.ops.specialize import CallSite, specialize
+
+    print(f"\n{'1x1 input':18s} {'M':>5s}  {'model':28s} {'kernel':>7s} {'other':>8s} "
+          f"{'tiles':>8s} {'ORT':>8s}  {'/other':>6s} {'/ORT':>5s} taken")
+    real_fits, real_kernel = pointwise.fits, pointwise.kernel
+    for xs, m, model in POINTWISE:
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = np.frombuffer(rng.standard_normal((m, xs[1], 1, 1)).astype(np.float32).tobytes(),
+                          np.float32).reshape(m, xs[1], 1, 1)
+        b = np.frombuffer(rng.standard_normal(m).astype(np.float32).tobytes(), np.float32)
+        attrs = dict(activation="Relu")
+        generic = partial(conv.fused_conv, **attrs)
+        want = generic(x, w, b)
+        site = CallSite((x.shape, w.shape, b.shape), (x.dtype,) * 3, (None, w, b), attrs,
+                        (want.shape,), generic)
+        plan = conv._plan(xs, w.shape, 4, None, None, None, None, "NOTSET", 1, True)
+        taken = real_fits(plan, xs, w.shape, 1)
+        # the rule's kernel, or where the rule takes neither, the one for this plane's size
+        chosen = real_kernel(plan, xs, 1) or (
+            pointwise.channel_lanes if (xs[2] * xs[3]) % 8 else pointwise.pixel_lanes)
+        try:  # the plan's own kernel, then the tiles, whatever fits says
+            pointwise.fits = lambda *a: False
+            other = specialize(conv.fused_conv, site)
+            pointwise.fits = lambda *a: True
+            pointwise.kernel = lambda *a, _chosen=chosen: _chosen
+            tiles = specialize(conv.fused_conv, site)
+            assert tiles.__name__ == "pointwise_at", xs
+        finally:
+            pointwise.fits, pointwise.kernel = real_fits, real_kernel
+        y_other, y_tiles = np.empty(want.shape, np.float32), np.empty(want.shape, np.float32)
+        ort_call = _onnxruntime(x, np.asarray(w), np.asarray(b), 1, 0, 1)
+        t_other, t_tiles, t_ort = _paired_us(
+            [partial(other, x, w, b, out=y_other), partial(tiles, x, w, b, out=y_tiles),
+             ort_call], calls)
+        assert float(np.abs(y_tiles - want).max()) <= 1e-5 * max(float(np.abs(want).max()), 1)
+        name = chosen.__name__.split("_")[0]
+        print(f"{xs!s:18s} {m:5d}  {model:28s} {name:>7s} {t_other:8.1f} {t_tiles:8.1f} "
+              f"{t_ort:8.1f}  {t_tiles / t_other:6.2f} {t_tiles / t_ort:5.2f} "
+              f"{'yes' if taken else 'no'}")
 
 
 def _depthwise(calls: int, rng) -> None:

@@ -148,13 +148,14 @@ def test_register_tiles_agree_with_onnxruntime(monkeypatch, model, inputs):
 
 
 @pytest.mark.torch
-def test_depthwise_lanes_agree_with_onnxruntime(monkeypatch):
+def test_depthwise_lanes_and_pointwise_tiles_agree_with_onnxruntime(monkeypatch):
     """MNASNet at 2x3x64x64: the numba plugin runs its strided depthwise convolutions and
-    those over 8x8 and smaller planes with eight channels in vector lanes (when the CPU has
-    AVX2 and FMA); the whole network agrees with onnxruntime."""
-    planned = []
+    those over 8x8 and smaller planes with eight channels in vector lanes, and its small 1x1
+    convolutions on register tiles (when the CPU has AVX2 and FMA); the whole network agrees
+    with onnxruntime."""
+    planned, pointwise = [], []
     try:
-        from onemodel.numba import depthwise_lanes
+        from onemodel.numba import conv, depthwise_lanes
     except ImportError:  # the core without the plugin: the reference kernels
         depthwise_lanes = None
     else:
@@ -163,7 +164,15 @@ def test_depthwise_lanes_agree_with_onnxruntime(monkeypatch):
                 planned.append(tuple(xshape))
                 super().__init__(plan, xshape)
         monkeypatch.setattr(depthwise_lanes, "Geometry", Recorded)
+        real_site = conv._pointwise_site
+
+        def pointwise_site(plan, xshape, *args):
+            pointwise.append(tuple(xshape))
+            return real_site(plan, xshape, *args)
+        monkeypatch.setattr(conv, "_pointwise_site", pointwise_site)
     _agrees_with_onnxruntime("tv_mnasnet", (2, 3, 64, 64), seed=8)
     if depthwise_lanes is not None and depthwise_lanes.host_has_fma():
         # (2, 24, 32, 32): 3x3 at stride 2; (2, 240, 4, 4): 5x5 over 4x4
         assert {(2, 24, 32, 32), (2, 240, 4, 4)} <= set(planned), sorted(set(planned))
+        # pixel lanes over 16x16 planes, channel lanes over 2x2 planes
+        assert {(2, 16, 16, 16), (2, 96, 2, 2)} <= set(pointwise), sorted(set(pointwise))
