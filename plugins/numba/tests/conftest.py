@@ -51,3 +51,12 @@ def no_depthwise_lanes(monkeypatch):
     from onemodel.numba import depthwise_lanes
 
     monkeypatch.setattr(depthwise_lanes, "fits", lambda *args: False)
+
+
+@pytest.fixture
+def no_pointwise(monkeypatch):
+    """Planned 1x1 convolutions keep the kernel of their plan's path, not the register tiles
+    chosen over it for small float32 ones on one thread (tested in test_pointwise.py)."""
+    from onemodel.numba import pointwise
+
+    monkeypatch.setattr(pointwise, "fits", lambda *args: False)

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(not tiled.host_has_fma(), reason="this CPU has n
 
 ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6"]
 TOL = 5e-6  # relative to the output's scale: fused multiply-adds in another order
+RULE_MIN_TAPS = tiled.MIN_TAPS  # (the fixture below admits any number of taps)
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +61,8 @@ CASES = [  # (X shape, W shape, attrs): output pixels n*oh*ow noted where they e
     ((2, 8, 2, 2), (96, 8, 1, 1), {}),  # 1x1 over 8 pixels, three blocks (prefetch past the end)
     ((1, 5, 3, 5), (64, 5, 1, 1), {}),  # 1x1 over 15 pixels
     ((2, 7, 1, 1), (32, 7, 1, 1), {}),  # 1x1 over 2 pixels: no tile of three
+    ((1, 6, 6, 7), (30, 6, 3, 3), dict(pads=(1, 1, 1, 1))),  # 30 channels: 6 past the 8x8s
+    ((3, 3, 9, 9), (32, 3, 3, 3), dict(strides=(2, 2))),  # a stem: 16-pixel images in chunks
 ]
 
 
@@ -124,14 +127,16 @@ def test_taken_only_where_it_measured_faster(monkeypatch):
     """float32 constants on one thread, no groups, at least MIN_TAPS taps, at most a quarter
     of a block unused, bordered planes within MAX_PLANES_BYTES; 1x1 only over a few pixels
     with weights that come from memory; Winograd first."""
-    monkeypatch.setattr(tiled, "MIN_TAPS", 96)
+    monkeypatch.setattr(tiled, "MIN_TAPS", RULE_MIN_TAPS)
     monkeypatch.setattr(tiled, "POINTWISE_MIN_WEIGHTS", 256 << 10)
 
     def fits(xs, ws, group=1, pads=(1, 1, 1, 1), strides=None):
         plan = conv._plan(xs, ws, 4, None, strides, pads, None, "NOTSET", group, True)
         return tiled.fits(plan, xs, ws, group)
     assert fits((2, 16, 15, 15), (64, 16, 3, 3))  # 144 taps
-    assert not fits((2, 3, 64, 64), (64, 3, 3, 3), strides=(2, 2))  # a stem: 27 taps
+    assert fits((2, 3, 64, 64), (64, 3, 3, 3), strides=(2, 2))  # a stem: 27 taps
+    assert not fits((2, 2, 64, 64), (64, 2, 3, 3))  # 18 taps
+    assert fits((1, 3, 224, 224), (64, 3, 7, 7), pads=(3, 3, 3, 3), strides=(2, 2))  # 620 KiB
     assert fits((2, 3, 32, 32), (32, 3, 8, 8), pads=None, strides=(8, 8))  # patches: 192
     assert not fits((2, 64, 16, 16), (128, 64, 1, 1), pads=None, strides=(2, 2))  # 1x1 s2
     assert not fits((2, 32, 8, 8), (64, 16, 3, 3), group=2)

@@ -22,23 +22,24 @@ import numpy as np
 
 from ._jit import jit
 from ._prefetch import prefetch
-from ._simd import fma8, host_has_fma, load8, splat8, store8
+from ._simd import fma8, host_has_fma, load8, splat8, store8, transpose8x8
 
-# _tiles compiles conv._activate into its own machine code, and numba's on-disk cache
+# _tiles compiles conv._activate_in_place into its own machine code, and numba's on-disk cache
 # revalidates that by this file's time stamp only: a change to the activations there must
 # come with a change here (as in winograd.py)
-from .conv import PreparedCall, U, _activate
+from .conv import PreparedCall, U, _activate_in_place
 
 BLOCK = 32  # output channels per tile: four vectors of eight
 
 
 # Where the tiles measured faster than the columns and GEMM (python benchmarks/tiled_conv.py,
-# one thread): at least this many taps (C * kh * kw; a 3-channel image's 3x3 or 4x4 stem
-# convolution has 27-48, and spends its time around the loop: 1.2-1.6x), at most a quarter of
-# each block's channels computed in vain, and bordered input planes that stay in L2 (a
-# 2x512x8x8 convolution dilated by 4, whose bordered planes take 1 MiB: 1.1x).
-MIN_TAPS = 96
-MAX_PLANES_BYTES = 512 << 10
+# one thread): at least this many taps (C * kh * kw: a 3-channel image's 3x3 stem has 27,
+# 0.75-0.81x since the results go out by transposes; they were stored one by one before,
+# 1.2-1.6x), at most a quarter of each block's channels computed in vain, and bordered input
+# planes that stay in L2 (ResNet-50's 7x7 stem at 1x3x224x224, 620 KiB of planes: 0.70x; a
+# 2x512x8x8 convolution dilated by 4, whose bordered planes take 1 MiB: 1.07x).
+MIN_TAPS = 27
+MAX_PLANES_BYTES = 768 << 10
 # 1x1 convolutions stay with BLAS (the tiles took 1.06-2.0x its time with the weights in
 # cache: each tap reads another input plane), except over a few pixels with weights that come
 # from memory in a model's run: BLAS reads them once per image, the tiles once, and ask for the
@@ -86,11 +87,13 @@ CHUNK = 96  # output pixels per pass before they are stored: 12 KiB of results
 
 
 @jit()
-def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y):
+def _tiles(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
     """y = act(conv(x) + bias) with the packed weights ``wp`` (:func:`weights`), the taps'
     offsets into the bordered planes ``xoff``, and each output pixel's offset into them
-    (``pix_in``) and into one channel of y (``pix_out``). Pixels are taken three at a time
-    along the flat (image, row, column) order, so rows narrower than a tile waste nothing."""
+    (``pix_in``). Pixels are taken three at a time along the flat (image, row, column) order,
+    so rows narrower than a tile waste nothing. The sums start at the bias; a chunk's results
+    are activated in one pass and stored to NCHW by 8x8 transposes (eight pixels of an image
+    by eight channels), the rest one by one."""
     n, c, h, w = x.shape
     m, oh, ow = y.shape[1], y.shape[2], y.shape[3]
     taps = xoff.shape[0]
@@ -108,17 +111,26 @@ def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y)
                     planes[U(dst + q)] = xf[U(src + q)]
     res = np.empty(CHUNK * 32, np.float32)
     zero = np.float32(0.0)
-    none = splat8(zero)
+    plane = oh * ow
+    bp = np.zeros(blocks * 32, np.float32)  # the bias, zeros past m (computed, never stored)
+    if has_bias:
+        for o in range(m):
+            bp[U(o)] = bias[U(o)]
     ahead = taps * 32  # the next block's weights, asked for while a block's first tile runs
     for blk in range(blocks):
         wb = blk * taps * 32
+        b0 = load8(bp, U(blk * 32))
+        b1 = load8(bp, U(blk * 32 + 8))
+        b2 = load8(bp, U(blk * 32 + 16))
+        b3 = load8(bp, U(blk * 32 + 24))
+        nch = min(32, m - blk * 32)
         for j0 in range(0, npix, CHUNK):
             j1 = min(npix, j0 + CHUNK)
             j = j0
             while j + 3 <= j1:
-                a00, a01, a02, a03 = none, none, none, none
-                a10, a11, a12, a13 = none, none, none, none
-                a20, a21, a22, a23 = none, none, none, none
+                a00, a01, a02, a03 = b0, b1, b2, b3
+                a10, a11, a12, a13 = b0, b1, b2, b3
+                a20, a21, a22, a23 = b0, b1, b2, b3
                 p0, p1, p2 = pix_in[U(j)], pix_in[U(j + 1)], pix_in[U(j + 2)]
                 first = j == 0
                 for t in range(taps):
@@ -161,8 +173,8 @@ def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y)
                 store8(res, U(r0 + 88), a23)
                 j += 3
             if j + 2 == j1:  # two pixels left: one tile of two
-                a00, a01, a02, a03 = none, none, none, none
-                a10, a11, a12, a13 = none, none, none, none
+                a00, a01, a02, a03 = b0, b1, b2, b3
+                a10, a11, a12, a13 = b0, b1, b2, b3
                 p0, p1 = pix_in[U(j)], pix_in[U(j + 1)]
                 for t in range(taps):
                     xo = xoff[U(t)]
@@ -191,7 +203,7 @@ def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y)
                 store8(res, U(r0 + 48), a12)
                 store8(res, U(r0 + 56), a13)
             elif j < j1:  # one pixel left
-                a00, a01, a02, a03 = none, none, none, none
+                a00, a01, a02, a03 = b0, b1, b2, b3
                 p0 = pix_in[U(j)]
                 for t in range(taps):
                     wo = wb + t * 32
@@ -205,22 +217,39 @@ def _tiles(x, wp, xoff, pix_in, pix_out, bias, has_bias, act, ph, pw, hp, wq, y)
                 store8(res, U(r0 + 8), a01)
                 store8(res, U(r0 + 16), a02)
                 store8(res, U(r0 + 24), a03)
-            for o in range(min(32, m - blk * 32)):
-                ch = (blk * 32 + o) * oh * ow
-                bo = bias[blk * 32 + o] if has_bias else zero
-                for jj in range(j0, j1):
-                    yf[U(pix_out[U(jj)] + ch)] = _activate(res[U((jj - j0) * 32 + o)] + bo,
-                                                           act, zero)
+            _activate_in_place(res, 0, (j1 - j0) * 32, act, zero)
+            jj = j0
+            while jj < j1:  # the chunk's pixels, a run within one image at a time
+                img = jj // plane
+                p = jj - img * plane
+                run = min(j1 - jj, plane - p)
+                r0 = (jj - j0) * 32
+                ob = (img * m + blk * 32) * plane + p  # y[img, blk * 32, p]
+                k = 0
+                while k + 8 <= run:
+                    o8 = 0
+                    while o8 + 8 <= nch:
+                        transpose8x8(res, U(r0 + k * 32 + o8), 32, yf, U(ob + o8 * plane + k),
+                                     plane)
+                        o8 += 8
+                    for o in range(o8, nch):
+                        for r in range(8):
+                            yf[U(ob + o * plane + k + r)] = res[U(r0 + (k + r) * 32 + o)]
+                    k += 8
+                for r in range(k, run):
+                    for o in range(nch):
+                        yf[U(ob + o * plane + r)] = res[U(r0 + r * 32 + o)]
+                jj += run
 
 
 class Tiled(PreparedCall):
     """A convolution's packed weights and tap offsets, made once at plan time; ``run`` does a
     call."""
 
-    __slots__ = ("hp", "pix_in", "pix_out", "wp", "wq", "xoff")
+    __slots__ = ("hp", "pix_in", "wp", "wq", "xoff")
 
     def __init__(self, w: np.ndarray, plan, xshape):
-        _path, (n, m, oh, ow), s, pb, d, k, _chunk = plan
+        _path, (n, _m, oh, ow), s, pb, d, k, _chunk = plan
         c, h, wd = xshape[1], xshape[2], xshape[3]
         self.hp = hp = _padded_size(h, oh, k[0], s[0], pb[0], d[0])
         self.wq = wq = _padded_size(wd, ow, k[1], s[1], pb[1], d[1])
@@ -229,11 +258,10 @@ class Tiled(PreparedCall):
         self.xoff = ((ch * hp + i * d[0]) * wq + j * d[1]).astype(np.int64).ravel()
         img, oy, ox = np.meshgrid(np.arange(n), np.arange(oh), np.arange(ow), indexing="ij")
         self.pix_in = (img * (c * hp * wq) + oy * (s[0] * wq) + ox * s[1]).astype(np.int64).ravel()
-        self.pix_out = (img * (m * oh * ow) + oy * ow + ox).astype(np.int64).ravel()
 
     def run(self, X, bias, has_bias, act, plan, y):
         """The convolution of C-contiguous float32 ``X`` into ``y`` (C-contiguous)."""
         pb = plan[3]
-        _tiles(X, self.wp, self.xoff, self.pix_in, self.pix_out, bias, has_bias, act, pb[0],
-               pb[1], self.hp, self.wq, y)
+        _tiles(X, self.wp, self.xoff, self.pix_in, bias, has_bias, act, pb[0], pb[1], self.hp,
+               self.wq, y)
         return y
