@@ -149,6 +149,7 @@ def test_planned_calls_take_the_tiles_and_agree_with_the_reference(xs, m, chosen
 @pytest.mark.parametrize("xs, m", [
     ((2, 8, 8, 8), 6),      # output channels not a multiple of four over 8x8 planes
     ((2, 16, 32, 32), 16),  # an image's input past 48 KiB
+    ((2, 8, 32, 32), 24),  # 1024-pixel planes: rows 4 KiB apart
     ((2, 16, 15, 15), 64),  # 225 pixels, not a multiple of eight
     ((2, 512, 3, 3), 10),   # nine pixels, fewer than 32 outputs
     ((2, 1024, 2, 2), 256),  # past 512 K multiply-adds over 2x2 planes

@@ -34,7 +34,10 @@ from ._simd import fma8, host_has_fma, load8, splat8, store8
 from .conv import U, _activate_in_place
 
 PIXEL_LANES_ALWAYS = 16  # pixels in a plane
-PIXEL_LANES_MAX_INPUT = 12 << 10  # floats in one image's input (C * pixels)
+PIXEL_LANES_MAX_INPUT = 12 << 10  # floats in one image's input (C * pixels), not reached
+# pixels in a plane, not reached: rows of 4 KiB apart share L1 sets with the output rows the
+# tiles store (2x8x32x32 -> 24: 1.14x BLAS)
+PIXEL_LANES_MAX_PLANE = 1024
 CHANNEL_LANES_MAX_MACS = 512 << 10
 
 
@@ -44,9 +47,9 @@ def fits(plan, xshape, wshape, group) -> bool:
     thread mode): where they measured faster than the plan's BLAS call or columns kernel
     (``python benchmarks/tiled_conv.py``, one thread).
 
-    - Pixel lanes: planes of a multiple of eight pixels and a multiple of four output
-      channels, over planes of at most 16 pixels or an image's input of at most 48 KiB
-      (past it BLAS's packed panels, which read the input fewer times, measured 1.07-1.16x).
+    - Pixel lanes: planes of a multiple of eight pixels, fewer than 1024, and a multiple of
+      four output channels, over planes of at most 16 pixels or an image's input under
+      48 KiB (past it, 0.83-1.16x BLAS: no gain to speak of).
     - Channel lanes: planes of at most four pixels, or nine with 32 output channels or more,
       up to 512 K multiply-adds (ten outputs over 3x3 planes: 1.22x; 7x7 planes 1.0-1.13x)."""
     return kernel(plan, xshape, group) is not None
@@ -60,7 +63,8 @@ def kernel(plan, xshape, group):
         return None
     c, plane = xshape[1], oh * ow
     if plane % 8 == 0:
-        if m % 4 == 0 and (plane <= PIXEL_LANES_ALWAYS or c * plane <= PIXEL_LANES_MAX_INPUT):
+        if m % 4 == 0 and plane < PIXEL_LANES_MAX_PLANE and (
+                plane <= PIXEL_LANES_ALWAYS or c * plane < PIXEL_LANES_MAX_INPUT):
             return pixel_lanes
         return None
     if (plane <= 4 or (plane <= 9 and m >= 32)) and n * m * c * plane <= CHANNEL_LANES_MAX_MACS:
@@ -86,24 +90,27 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
     """of[o0 + m * ostride + q] = bias[m] + sum over c of wf[m * c_in + c] *
     xf[x0 + c * xstride + q], for m < m_out and q < 8 * vecs: four output channels by three
     vectors of eight pixels per tile (two or one vector at the row's end, one channel at a
-    time past the last four)."""
+    time past the last four). Pixels outside, channels inside: a tile's C x 24 inputs stay in
+    L1 while every output channel reads them (channels outside read all the inputs from L2
+    once per four channels: DenseNet's 128 -> 128 over 16x16 planes 1.05 -> 0.90x BLAS)."""
     zero = np.float32(0.0)
-    m = 0
-    while m < m_out:
-        four = m + 4 <= m_out
-        b0 = splat8(bias[m] if has_bias else zero)
-        b1, b2, b3 = b0, b0, b0
-        if four:
-            b1 = splat8(bias[m + 1] if has_bias else zero)
-            b2 = splat8(bias[m + 2] if has_bias else zero)
-            b3 = splat8(bias[m + 3] if has_bias else zero)
-        w0, w1, w2, w3 = m * c_in, (m + 1) * c_in, (m + 2) * c_in, (m + 3) * c_in
-        v = 0
-        while v < vecs:
-            q = 8 * v
-            xb = x0 + q
+    v = 0
+    while v < vecs:
+        nv = 3 if v + 3 <= vecs else (2 if v + 2 <= vecs else 1)
+        q = 8 * v
+        xb = x0 + q
+        m = 0
+        while m < m_out:
+            four = m + 4 <= m_out
+            b0 = splat8(bias[m] if has_bias else zero)
+            b1, b2, b3 = b0, b0, b0
+            if four:
+                b1 = splat8(bias[m + 1] if has_bias else zero)
+                b2 = splat8(bias[m + 2] if has_bias else zero)
+                b3 = splat8(bias[m + 3] if has_bias else zero)
+            w0, w1, w2, w3 = m * c_in, (m + 1) * c_in, (m + 2) * c_in, (m + 3) * c_in
             ob = o0 + m * ostride + q
-            if four and v + 3 <= vecs:
+            if four and nv == 3:
                 a00, a01, a02 = b0, b0, b0
                 a10, a11, a12 = b1, b1, b1
                 a20, a21, a22 = b2, b2, b2
@@ -144,8 +151,7 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
                 store8(of, U(ob), a30)
                 store8(of, U(ob + 8), a31)
                 store8(of, U(ob + 16), a32)
-                v += 3
-            elif four and v + 2 <= vecs:  # the row's last two vectors
+            elif four and nv == 2:  # the row's last two vectors
                 a00, a01 = b0, b0
                 a10, a11 = b1, b1
                 a20, a21 = b2, b2
@@ -177,7 +183,6 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
                 ob += ostride
                 store8(of, U(ob), a30)
                 store8(of, U(ob + 8), a31)
-                v += 2
             elif four:  # the row's last vector
                 a00, a10, a20, a30 = b0, b1, b2, b3
                 for c in range(c_in):
@@ -190,8 +195,7 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
                 store8(of, U(ob + ostride), a10)
                 store8(of, U(ob + 2 * ostride), a20)
                 store8(of, U(ob + 3 * ostride), a30)
-                v += 1
-            elif v + 3 <= vecs:  # one of the last (m_out % 4) channels: three vectors
+            elif nv == 3:  # one of the last (m_out % 4) channels: three vectors
                 a00, a01, a02 = b0, b0, b0
                 for c in range(c_in):
                     xc = xb + c * xstride
@@ -202,14 +206,15 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
                 store8(of, U(ob), a00)
                 store8(of, U(ob + 8), a01)
                 store8(of, U(ob + 16), a02)
-                v += 3
             else:  # one of the last channels, a vector at a time
-                a00 = b0
-                for c in range(c_in):
-                    a00 = fma8(splat8(wf[U(w0 + c)]), load8(xf, U(xb + c * xstride)), a00)
-                store8(of, U(ob), a00)
-                v += 1
-        m += 4 if four else 1
+                for t in range(nv):
+                    a00 = b0
+                    for c in range(c_in):
+                        a00 = fma8(splat8(wf[U(w0 + c)]), load8(xf, U(xb + 8 * t + c * xstride)),
+                                   a00)
+                    store8(of, U(ob + 8 * t), a00)
+            m += 4 if four else 1
+        v += nv
 
 
 @jit()
