@@ -60,3 +60,12 @@ def no_pointwise(monkeypatch):
     from onemodel.numba import pointwise
 
     monkeypatch.setattr(pointwise, "fits", lambda *args: False)
+
+
+@pytest.fixture
+def no_panels(monkeypatch):
+    """Planned float32 MatMuls by constant weights keep the skinny product or BLAS, not the
+    packed panels chosen over them on one thread (tested in test_panels.py)."""
+    from onemodel.numba import panels
+
+    monkeypatch.setattr(panels, "fits", lambda *args: False)

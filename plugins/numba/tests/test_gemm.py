@@ -27,6 +27,12 @@ def _torch(x, w, b, act, trans_b):
     return ACTS[act](torch.nn.functional.linear(torch.from_numpy(x), weight, bias)).numpy()
 
 
+@pytest.fixture(autouse=True)
+def skinny_not_panels(no_panels):
+    """The skinny product and BLAS are what these tests test; on one thread the packed panels
+    (test_panels.py) would take their MatMuls."""
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("act", list(ACTS))
 @pytest.mark.parametrize("trans_b", [0, 1])
@@ -229,7 +235,7 @@ def test_the_weights_copy_is_made_once_and_dropped_with_them():
     assert rows[0] is rows[1] is rows[2]
     assert rows[0].shape == (1100, 1024) and not rows[0].flags.writeable
     np.testing.assert_array_equal(rows[0], w.T)
-    key = id(w)
+    key = (id(w), "rows")
     del calls, rows, w
     gc.collect()
     assert key not in gemm._COPIES
@@ -247,7 +253,7 @@ def test_a_finalizer_inside_the_copy_cache_does_not_deadlock():
 
     w = _file_constant(np.ones((256, 300), np.float32))
     rows = gemm._transposed(w)
-    key = id(w)
+    key = (id(w), "rows")
 
     def finalizer_inside_the_lock():
         with gemm._COPIES_LOCK:

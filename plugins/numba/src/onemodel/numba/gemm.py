@@ -140,7 +140,8 @@ def _rows_by_k(site: CallSite, attrs: dict, out_shape):
     return None
 
 
-# id(weights) -> (a weak reference to them, their (N, K) copy): one copy per immutable weight
+# (id(weights), kind) -> (a weak reference to them, their (N, K) copy or packed panels): one per
+# immutable weight
 # array (a file's), shared by every plan (a session planning for several shapes would otherwise
 # copy each large weight once per plan); an entry goes when its weights do. A re-entrant lock:
 # a garbage-collection pass inside the locked section may finalize other weights, whose
@@ -153,25 +154,34 @@ def _transposed(b: np.ndarray) -> np.ndarray:
     """``b.T`` as a contiguous, read-only array, made once per ``b``, which must be immutable
     (:func:`conv._immutable`: a read-only view of bytes, as a file's constants are), so the copy
     cannot go stale."""
-    key = id(b)
+    def rows(b):
+        copy = np.ascontiguousarray(b.T)
+        copy.flags.writeable = False
+        return copy
+    return _once(b, "rows", rows)
+
+
+def _once(b: np.ndarray, kind: str, make):
+    """``make(b)``, made once per immutable ``b`` and ``kind`` and shared by every plan (see
+    _COPIES)."""
+    key = (id(b), kind)
     got = _COPIES.get(key)
     if got is not None and got[0]() is b:
         return got[1]
-    rows = np.ascontiguousarray(b.T)  # outside the lock: plans of other weights need not wait
-    rows.flags.writeable = False
+    derived = make(b)  # outside the lock: plans of other weights need not wait
     with _COPIES_LOCK:
         got = _COPIES.get(key)
         if got is not None and got[0]() is b:  # another thread made it meanwhile
             return got[1]
-        _COPIES[key] = (weakref.ref(b), rows)
-    weakref.finalize(b, _forget, key, rows)
-    return rows
+        _COPIES[key] = (weakref.ref(b), derived)
+    weakref.finalize(b, _forget, key, derived)
+    return derived
 
 
-def _forget(key: int, rows: np.ndarray) -> None:
+def _forget(key: tuple, derived: np.ndarray) -> None:
     with _COPIES_LOCK:
         got = _COPIES.get(key)
-        if got is not None and got[1] is rows:  # not a later array's entry under the same id
+        if got is not None and got[1] is derived:  # not a later array's entry under the same id
             del _COPIES[key]
 
 
@@ -216,6 +226,8 @@ def _matmul_at(site: CallSite):
         return None
     a_shape, out_shape = site.shapes[0], site.out_shapes[0]
     b = site.values[1] if len(site.values) > 1 else None
+    if _panels_fit(site, b):
+        return _panel_product(b, a_shape, out_shape, reference)
     if not isinstance(b, np.ndarray) or b.ndim != 2 or b.dtype != np.float32 or \
             site.dtypes[0] != np.float32 or a_shape is None or len(a_shape) < 2 or \
             out_shape is None or b.nbytes < _MATMUL_MIN_WEIGHTS or \
@@ -226,3 +238,43 @@ def _matmul_at(site: CallSite):
     product = _skinny_product(_transposed(b), b, a_shape, out_shape,
                               lambda A, B, C=None, out=None: reference(A, B, out=out))
     return lambda A, B, out=None: product(A, B, None, out=out)
+
+
+def _panels_fit(site: CallSite, b) -> bool:
+    """Whether a planned MatMul goes by :mod:`.panels`: float32 A with its leading axes as
+    rows by a constant 2-D float32 B nothing can change in place, on one thread, where
+    :func:`panels.fits` says."""
+    from . import panels
+
+    a_shape, out_shape = site.shapes[0], site.out_shapes[0]
+    sync_threads()
+    return isinstance(b, np.ndarray) and b.ndim == 2 and b.dtype == np.float32 and \
+        site.dtypes[0] == np.float32 and a_shape is not None and len(a_shape) >= 2 and \
+        None not in a_shape and out_shape is not None and a_shape[-1] == b.shape[0] and \
+        tuple(out_shape) == (*a_shape[:-1], b.shape[1]) and not _jit._parallel and \
+        _immutable(b) and panels.fits(math.prod(a_shape[:-1]), b.shape[0], b.shape[1])
+
+
+def _panel_product(b, a_shape, out_shape, reference):
+    """The planned call of ``A @ b`` by :func:`panels.product` over ``b`` packed once (shared
+    by every plan of ``b``); another B, or an A or ``out`` of another shape, dtype or layout
+    than planned, goes to ``reference``."""
+    from . import panels
+
+    bp = _once(b, "panels", panels.pack)
+    rows = (math.prod(a_shape[:-1]), a_shape[-1])
+    n = out_shape[-1]
+    dtype = np.dtype(np.float32)
+    bound = [None]  # the kernel's machine code (_jit.entry), bound at the first call
+
+    def panels_at(A, B, out=None):
+        if B is not b or A.shape != a_shape or A.dtype != dtype or (out is not None and (
+                out.shape != out_shape or out.dtype != dtype or not out.flags.carray)):
+            return reference(A, B, out=out)
+        if not A.flags.c_contiguous:
+            A = np.ascontiguousarray(A)
+        y = np.empty(out_shape, dtype) if out is None else out
+        a2, y2 = A.reshape(rows), y.reshape(rows[0], n)
+        (bound[0] or _jit.bind(bound, panels.product, (a2, bp, n, y2)))(a2, bp, n, y2)
+        return y
+    return panels_at

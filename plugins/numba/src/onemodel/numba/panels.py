@@ -1,0 +1,147 @@
+"""Products by constant weights packed once into panels of 24 columns, on register tiles
+(:mod:`._simd`): Y (M, N) = A (M, K) B (K, N) for float32 MatMul by a file's weights.
+
+Why: OpenBLAS packs B on every call and, on the real suite's transformer and ConvNeXt shapes
+(a few dozen to a few thousand rows by 96-3072), ran at 15-50 GMAC/s on one thread; onnxruntime
+packs its weights once at load. Here B is packed at plan time: each panel is its 24 columns
+for every k, contiguous, so a tile's weights are one sequential stream. A tile keeps four rows
+by 24 columns of Y in twelve vector registers over all of K: per k, three loads of the panel,
+four broadcasts of A and twelve fused multiply-adds. Rows go in blocks of at most
+:data:`BLOCK_BYTES` of A, so a block stays in L2 while every panel passes over it.
+
+Chosen by :func:`fits` where it measured faster than BLAS and the skinny product
+(``python benchmarks/planned_calls.py``; docs/benchmarks.md, "Twentieth round")."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import jit
+from ._simd import fma8, host_has_fma, load8, splat8, store8
+from .conv import U
+
+WIDTH = 24  # columns per panel: three vectors of eight
+BLOCK_BYTES = 256 << 10  # A's rows per block: at most this many bytes of them
+
+
+def pack(b: np.ndarray) -> np.ndarray:
+    """(K, N) -> flat (panels, K, 24), read-only: each panel's 24 columns side by side for
+    every k; columns past N are zero (computed, never stored)."""
+    k, n = b.shape
+    panels = -(-n // WIDTH)
+    padded = np.zeros((k, panels * WIDTH), np.float32)
+    padded[:, :n] = b
+    packed = np.ascontiguousarray(padded.reshape(k, panels, WIDTH).transpose(1, 0, 2)).ravel()
+    packed.flags.writeable = False
+    return packed
+
+
+@jit()
+def product(a, bp, n, y):
+    """y = a @ b for C-contiguous float32 ``a`` (M, K) and ``y`` (M, N), ``bp`` the packed
+    ``b`` (:func:`pack`). Four rows at a time, the last M % 4 one by one; a panel past N is
+    summed whole and only its columns inside N stored."""
+    m, k = a.shape
+    af = a.reshape(a.size)
+    yf = y.reshape(y.size)
+    panels = (n + WIDTH - 1) // WIDTH
+    block = max(4, (BLOCK_BYTES // (4 * k)) // 4 * 4)
+    res = np.empty(4 * WIDTH, np.float32)  # a partial panel's tile
+    zero = splat8(np.float32(0.0))
+    for i0 in range(0, m, block):
+        i1 = min(m, i0 + block)
+        for j in range(panels):
+            pb = j * k * WIDTH
+            col = j * WIDTH
+            full = col + WIDTH <= n
+            i = i0
+            while i < i1:
+                four = i + 4 <= i1
+                a0 = i * k
+                a1, a2, a3 = a0, a0, a0
+                if four:
+                    a1, a2, a3 = a0 + k, a0 + 2 * k, a0 + 3 * k
+                c00, c01, c02 = zero, zero, zero
+                c10, c11, c12 = zero, zero, zero
+                c20, c21, c22 = zero, zero, zero
+                c30, c31, c32 = zero, zero, zero
+                if four:
+                    for q in range(k):
+                        bo = pb + q * WIDTH
+                        b0 = load8(bp, U(bo))
+                        b1 = load8(bp, U(bo + 8))
+                        b2 = load8(bp, U(bo + 16))
+                        s = splat8(af[U(a0 + q)])
+                        c00 = fma8(s, b0, c00)
+                        c01 = fma8(s, b1, c01)
+                        c02 = fma8(s, b2, c02)
+                        s = splat8(af[U(a1 + q)])
+                        c10 = fma8(s, b0, c10)
+                        c11 = fma8(s, b1, c11)
+                        c12 = fma8(s, b2, c12)
+                        s = splat8(af[U(a2 + q)])
+                        c20 = fma8(s, b0, c20)
+                        c21 = fma8(s, b1, c21)
+                        c22 = fma8(s, b2, c22)
+                        s = splat8(af[U(a3 + q)])
+                        c30 = fma8(s, b0, c30)
+                        c31 = fma8(s, b1, c31)
+                        c32 = fma8(s, b2, c32)
+                else:  # one of the last M % 4 rows
+                    for q in range(k):
+                        bo = pb + q * WIDTH
+                        s = splat8(af[U(a0 + q)])
+                        c00 = fma8(s, load8(bp, U(bo)), c00)
+                        c01 = fma8(s, load8(bp, U(bo + 8)), c01)
+                        c02 = fma8(s, load8(bp, U(bo + 16)), c02)
+                rows = 4 if four else 1
+                if full:
+                    o = i * n + col
+                    store8(yf, U(o), c00)
+                    store8(yf, U(o + 8), c01)
+                    store8(yf, U(o + 16), c02)
+                    if four:
+                        o += n
+                        store8(yf, U(o), c10)
+                        store8(yf, U(o + 8), c11)
+                        store8(yf, U(o + 16), c12)
+                        o += n
+                        store8(yf, U(o), c20)
+                        store8(yf, U(o + 8), c21)
+                        store8(yf, U(o + 16), c22)
+                        o += n
+                        store8(yf, U(o), c30)
+                        store8(yf, U(o + 8), c31)
+                        store8(yf, U(o + 16), c32)
+                else:  # the last panel: through res, its columns inside N
+                    store8(res, U(0), c00)
+                    store8(res, U(8), c01)
+                    store8(res, U(16), c02)
+                    store8(res, U(24), c10)
+                    store8(res, U(32), c11)
+                    store8(res, U(40), c12)
+                    store8(res, U(48), c20)
+                    store8(res, U(56), c21)
+                    store8(res, U(64), c22)
+                    store8(res, U(72), c30)
+                    store8(res, U(80), c31)
+                    store8(res, U(88), c32)
+                    for r in range(rows):
+                        for t in range(n - col):
+                            yf[U((i + r) * n + col + t)] = res[U(r * WIDTH + t)]
+                i += rows
+
+
+# Where the panels measured faster than BLAS, and than the skinny product on few rows (python
+# benchmarks/planned_calls.py, one thread): 0.33-0.98x BLAS from 4 rows (4 x 768 x 768 to
+# 4096 x 1024 x 1024), the weights in cache or from memory, 0.44-0.79x the skinny product on
+# 4-32 rows. Under four rows the reference's matrix-vector products stay; so do products of
+# fewer than 16 columns, whose one panel is mostly padding (1000 x 32 x 8: 1.54x).
+MIN_ROWS = 4
+MIN_COLUMNS = 16
+
+
+def fits(rows: int, k: int, n: int) -> bool:
+    """Whether a float32 product of ``rows`` by constant (k, n) weights goes by panels (the
+    caller checks the dtype, the weights' immutability and the thread mode)."""
+    return host_has_fma() and rows >= MIN_ROWS and n >= MIN_COLUMNS and k >= 1

@@ -1,0 +1,127 @@
+"""MatMul by a file's weights packed into 24-column panels (onemodel.numba.panels) against
+PyTorch and a float64 product: rows past the blocks of four and past a row block, columns
+past the last full panel, one to three-axis A, NaN and infinities, a planned ``out=``; taken
+for float32 on one thread from four rows and sixteen columns, any other call to the
+reference; the packed copy made once per weight array and dropped with it."""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from onemodel.numba import _jit, gemm, panels
+from onemodel.numba._simd import host_has_fma
+from onemodel.tensors.ops import OPS
+from onemodel.tensors.ops.specialize import CallSite, specialize
+
+pytestmark = pytest.mark.skipif(not host_has_fma(), reason="this CPU has no AVX2/FMA: "
+                                "the panels are never chosen")
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """Serial kernels (the panels run on one thread only)."""
+    _jit.sync_threads()
+    monkeypatch.setattr(_jit, "_parallel", False)
+
+
+def _file_constant(a: np.ndarray) -> np.ndarray:
+    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
+
+
+def _matmul_call(a_shape, w):
+    out_shape = (*a_shape[:-1], w.shape[1])
+    site = CallSite((a_shape, w.shape), (np.dtype(np.float32), w.dtype), (None, w), {},
+                    (out_shape,), lambda A, B, out=None: OPS["MatMul"].kernel(A, B, out=out))
+    return specialize(gemm.matmul, site)
+
+
+def _taken(call) -> bool:
+    return call.__name__ == "panels_at"
+
+
+@pytest.mark.parametrize("m, k, n", [
+    (4, 8, 24), (5, 7, 16), (7, 33, 50), (12, 96, 384), (130, 64, 100), (3, 16, 48),
+    (1, 5, 30), (64, 1, 17),
+])
+def test_kernel_matches_a_float64_product(m, k, n):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    y = np.full((m, n), np.nan, np.float32)
+    panels.product(a, panels.pack(b), n, y)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * math.sqrt(k))
+
+
+def test_row_blocks_cover_every_row():
+    """Rows in three blocks of A (64 rows of 1024 floats make a block), the last one short
+    and ending in two rows past the fours."""
+    assert panels.BLOCK_BYTES // (4 * 1024) == 64
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((150, 1024)).astype(np.float32)
+    b = rng.standard_normal((1024, 40)).astype(np.float32)
+    y = np.full((150, 40), np.nan, np.float32)
+    panels.product(a, panels.pack(b), 40, y)
+    np.testing.assert_allclose(y, a.astype(np.float64) @ b, rtol=2e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("a_shape", [(4, 96), (2, 3, 96), (2, 2, 3, 96), (37, 96)])
+def test_planned_matmul_takes_the_panels_and_matches_torch(a_shape):
+    rng = np.random.default_rng(len(a_shape))
+    w = _file_constant(rng.standard_normal((96, 70)).astype(np.float32))
+    x = rng.standard_normal(a_shape).astype(np.float32)
+    x.reshape(-1, 96)[0, 5] = np.inf
+    x.reshape(-1, 96)[-1, 7] = np.nan
+    call = _matmul_call(a_shape, w)
+    assert _taken(call)
+    want = torch.matmul(torch.from_numpy(x), torch.from_numpy(w.copy())).numpy()
+    with np.errstate(invalid="ignore"):
+        for out in (None, np.full(want.shape, np.nan, np.float32)):
+            got = call(x, w, out=out)
+            assert out is None or got is out
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+            finite = np.isfinite(want)
+            np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4)
+        # a strided A is copied; other weights and an out of another layout take the reference
+        wide = np.repeat(x, 2, axis=-1)[..., ::2]
+        np.testing.assert_allclose(call(wide, w), got, rtol=0, atol=0, equal_nan=True)
+        other = w.copy()
+        other[0, 0] += 1
+        np.testing.assert_allclose(call(x, other), x @ other, rtol=1e-5, atol=1e-5,
+                                   equal_nan=True)
+        strided = np.empty(want.shape[:-1] + (2 * want.shape[-1],), np.float32)[..., ::2]
+        call(x, w, out=strided)
+        np.testing.assert_allclose(strided, got, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_few_rows_narrow_writable_float64_or_threads_keep_the_reference(monkeypatch):
+    rng = np.random.default_rng(5)
+    w = _file_constant(rng.standard_normal((64, 48)).astype(np.float32))
+    assert not _taken(_matmul_call((3, 64), w))  # three rows
+    assert not _taken(_matmul_call((8, 64), _file_constant(w[:, :8].copy())))  # 8 columns
+    assert not _taken(_matmul_call((8, 64), w.copy()))  # writable: an update must show
+    w64 = _file_constant(w.astype(np.float64))
+    site = CallSite(((8, 64), w64.shape), (np.dtype(np.float64),) * 2, (None, w64), {},
+                    ((8, 48),), lambda A, B, out=None: OPS["MatMul"].kernel(A, B, out=out))
+    assert specialize(gemm.matmul, site).__name__ != "panels_at"
+    monkeypatch.setattr(_jit, "_parallel", True)
+    assert not _taken(_matmul_call((8, 64), w))
+
+
+def test_the_packed_copy_is_made_once_and_dropped_with_the_weights():
+    w = _file_constant(np.arange(64 * 48, dtype=np.float32).reshape(64, 48))
+    calls = [_matmul_call(shape, w) for shape in ((8, 64), (2, 5, 64))]
+    packed = [dict(zip(c.__code__.co_freevars, (v.cell_contents for v in c.__closure__)))["bp"]
+              for c in calls]
+    assert packed[0] is packed[1] and not packed[0].flags.writeable
+    key = (id(w), "panels")
+    assert key in gemm._COPIES
+    del calls, packed, w
+    gc.collect()
+    assert key not in gemm._COPIES
