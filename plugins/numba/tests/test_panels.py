@@ -125,3 +125,39 @@ def test_the_packed_copy_is_made_once_and_dropped_with_the_weights():
     del calls, packed, w
     gc.collect()
     assert key not in gemm._COPIES
+
+
+def _reaches_panels(fn, depth=3) -> bool:
+    """Whether a planned call is, or calls through its closures, the panels' call."""
+    if getattr(fn, "__name__", "") == "panels_at":
+        return True
+    return depth > 0 and any(callable(c.cell_contents) and _reaches_panels(c.cell_contents,
+                                                                         depth - 1)
+                             for c in getattr(fn, "__closure__", None) or ())
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_planned_fused_gemm_takes_the_panels_and_matches_torch(trans_b, bias):
+    rng = np.random.default_rng(10 * trans_b + bias)
+    w = rng.standard_normal((64, 40)).astype(np.float32)  # (K, N)
+    b_arg = _file_constant(np.ascontiguousarray(w.T) if trans_b else w)
+    c = _file_constant(rng.standard_normal(40).astype(np.float32)) if bias else None
+    x = rng.standard_normal((9, 64)).astype(np.float32)
+    attrs = {"activation": "Relu", "transB": trans_b}
+    inputs = (x, b_arg) if c is None else (x, b_arg, c)
+    site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
+                    (None, *inputs[1:]), attrs, ((9, 40),),
+                    lambda *a, out=None: OPS["FusedGemm"].kernel(*a, **attrs, out=out))
+    call = specialize(gemm.fused_gemm, site)
+    assert _reaches_panels(call)
+    want = torch.relu(torch.from_numpy(x) @ torch.from_numpy(w) +
+                      (torch.from_numpy(c.copy()) if bias else 0)).numpy()
+    for out in (None, np.full((9, 40), np.nan, np.float32)):
+        got = call(*inputs, out=out)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    other = b_arg.copy()
+    other.flat[0] += 1
+    want_other = OPS["FusedGemm"].kernel(x, other, c, **attrs)
+    np.testing.assert_allclose(call(x, other, *(() if c is None else (c,))), want_other,
+                               rtol=1e-5, atol=1e-5)

@@ -88,8 +88,16 @@ def _fused_gemm_at(site: CallSite):
         return None
     a_shape, b_shape, act, generic = shapes[0], shapes[1], ACT_CODES[activation], site.generic
     has_bias, no_bias = c_shape is not None, _NO_BIAS[dtype]
+    b = site.values[1] if len(site.values) > 1 else None
+    trans_b = attrs.get("transB", 0)
     rows_by_k = _rows_by_k(site, attrs, out_shape)
-    if rows_by_k is not None:
+    if _gemm_panels_fit(site, attrs, b, out_shape):
+        panel = _panel_product(b, trans_b, a_shape, out_shape,
+                               lambda A, B, out=None, blas=product: blas(A, B, None, out=out))
+
+        def product(A, B, C=None, out=None):  # (C is None: the bias comes after)
+            return panel(A, B, out=out)
+    elif rows_by_k is not None:
         product = _skinny_product(rows_by_k, site.values[1], a_shape, out_shape, product)
     # the bias whose calls run the epilogue's machine code bound at the first (_jit.entry):
     # none, or the plan's constant as the contiguous row the kernel takes
@@ -227,7 +235,7 @@ def _matmul_at(site: CallSite):
     a_shape, out_shape = site.shapes[0], site.out_shapes[0]
     b = site.values[1] if len(site.values) > 1 else None
     if _panels_fit(site, b):
-        return _panel_product(b, a_shape, out_shape, reference)
+        return _panel_product(b, False, a_shape, out_shape, reference)
     if not isinstance(b, np.ndarray) or b.ndim != 2 or b.dtype != np.float32 or \
             site.dtypes[0] != np.float32 or a_shape is None or len(a_shape) < 2 or \
             out_shape is None or b.nbytes < _MATMUL_MIN_WEIGHTS or \
@@ -255,13 +263,33 @@ def _panels_fit(site: CallSite, b) -> bool:
         _immutable(b) and panels.fits(math.prod(a_shape[:-1]), b.shape[0], b.shape[1])
 
 
-def _panel_product(b, a_shape, out_shape, reference):
-    """The planned call of ``A @ b`` by :func:`panels.product` over ``b`` packed once (shared
-    by every plan of ``b``); another B, or an A or ``out`` of another shape, dtype or layout
-    than planned, goes to ``reference``."""
+def _gemm_panels_fit(site: CallSite, attrs: dict, b, out_shape) -> bool:
+    """Whether a planned FusedGemm's product goes by :mod:`.panels`: float32 A (not
+    transposed, no scaling) by a constant 2-D float32 B (or its transpose) nothing can change
+    in place, on one thread, where :func:`panels.fits` says."""
     from . import panels
 
-    bp = _once(b, "panels", panels.pack)
+    a_shape = site.shapes[0]
+    sync_threads()
+    if not isinstance(b, np.ndarray) or b.ndim != 2 or b.dtype != np.float32 or \
+            site.dtypes[0] != np.float32 or attrs.get("transA", 0) or \
+            attrs.get("alpha", 1.0) != 1.0 or a_shape is None or len(a_shape) != 2 or \
+            None in a_shape or _jit._parallel or not _immutable(b):
+        return False
+    k, n = b.shape[::-1] if attrs.get("transB", 0) else b.shape
+    return a_shape[1] == k and tuple(out_shape) == (a_shape[0], n) and \
+        panels.fits(a_shape[0], k, n)
+
+
+def _panel_product(b, transposed, a_shape, out_shape, reference):
+    """The planned call of ``A @ b`` (``A @ b.T`` when ``transposed``) by
+    :func:`panels.product` over the weights packed once (shared by every plan of ``b``);
+    another B, or an A or ``out`` of another shape, dtype or layout than planned, goes to
+    ``reference``."""
+    from . import panels
+
+    bp = _once(b, "panels of the transpose", lambda b: panels.pack(b.T)) if transposed \
+        else _once(b, "panels", panels.pack)
     rows = (math.prod(a_shape[:-1]), a_shape[-1])
     n = out_shape[-1]
     dtype = np.dtype(np.float32)
