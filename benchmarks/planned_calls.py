@@ -9,7 +9,10 @@ with its own session's cost; see single_ops.py and realmodels.py for paired comp
 - 3x3: planned 3x3 convolutions with 16-24 channels (Winograd's narrow rule);
 - patches: a ViT's and a ConvNeXt's patch convolution;
 - skinny: the numba product of few columns by weights in cache (the call repeated) and out of
-  cache (64 MiB read between calls, as a model's other weights and onnxruntime's evict them).
+  cache (64 MiB read between calls, as a model's other weights and onnxruntime's evict them);
+- panels: MatMul by weights packed into 24-column panels against BLAS (numpy's matmul) and,
+  on up to 32 rows, the skinny product, the weights in cache and out of cache (the real
+  suite's ConvNeXt-T, Swin-T and transformer shapes).
 
 Each figure is the median of many calls in microseconds.
 
@@ -164,7 +167,34 @@ def main(argv: list[str] | None = None) -> int:
         cold = _median_us(partial(product, w, xt, res, n, 1), max(20, calls // 8), sweep.sum)
         label = f"{m} x {kk} by {n} {np.dtype(dtype).name}"
         print(f"  {label:34s} {hot:7.1f} / {cold:7.1f}")
+    _panels(rng, calls, sweep)
     return 0
+
+
+def _panels(rng, calls: int, sweep) -> None:
+    from onemodel.numba import _jit, conv, panels
+
+    print("MatMul rows x K x N: panels / BLAS / skinny, weights in cache ; out of cache (us)")
+    for m, k, n in ((512, 96, 384), (512, 384, 96), (128, 192, 768), (128, 768, 192),
+                    (32, 384, 1536), (32, 1536, 384), (8, 768, 3072), (8, 3072, 768),
+                    (4, 768, 768), (394, 768, 192), (2048, 768, 3072), (1000, 32, 8)):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        bp, bt = panels.pack(b), np.ascontiguousarray(b.T)
+        ys = [np.empty((m, n), np.float32) for _ in range(3)]
+        run = _jit.entry(panels.product, (a, bp, n, ys[0]))
+        fns = [partial(run, a, bp, n, ys[0]), partial(np.matmul, a, b, out=ys[1])]
+        if m <= 32:
+            fns.append(partial(conv._skinny_gemm.serial, bt, a, ys[2].reshape(-1), 1, n))
+        reps = max(5, min(calls, int(2e8 // (m * k * n))))
+        hot = [_median_us(fn, reps) for fn in fns]
+        cold = [_median_us(fn, max(5, reps // 8), sweep.sum) for fn in fns]
+        want = a.astype(np.float64) @ b
+        assert np.abs(ys[0] - want).max() <= 1e-4 * np.abs(want).max()
+        label = f"{m} x {k} x {n}{'' if panels.fits(m, k, n) else ' (not taken)'}"
+        print(f"  {label:34s} {' / '.join(f'{t:7.1f}' for t in hot)} ; "
+              f"{' / '.join(f'{t:7.1f}' for t in cold)}   panels/BLAS {hot[0] / hot[1]:4.2f} "
+              f"; {cold[0] / cold[1]:4.2f}")
 
 
 if __name__ == "__main__":

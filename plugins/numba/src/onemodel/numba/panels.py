@@ -134,7 +134,7 @@ def product(a, bp, n, y):
 
 # Where the panels measured faster than BLAS, and than the skinny product on few rows (python
 # benchmarks/planned_calls.py, one thread): 0.33-0.98x BLAS from 4 rows (4 x 768 x 768 to
-# 4096 x 1024 x 1024), the weights in cache or from memory, 0.44-0.79x the skinny product on
+# 4096 x 1024 x 1024), the weights in cache or from memory, 0.40-0.93x the skinny product on
 # 4-32 rows. Under four rows the reference's matrix-vector products stay; so do products of
 # fewer than 16 columns, whose one panel is mostly padding (1000 x 32 x 8: 1.54x).
 MIN_ROWS = 4
