@@ -63,6 +63,10 @@ CASES = [  # (X shape, W shape, attrs): output pixels n*oh*ow noted where they e
     ((2, 7, 1, 1), (32, 7, 1, 1), {}),  # 1x1 over 2 pixels: no tile of three
     ((1, 6, 6, 7), (30, 6, 3, 3), dict(pads=(1, 1, 1, 1))),  # 30 channels: 6 past the 8x8s
     ((3, 3, 9, 9), (32, 3, 3, 3), dict(strides=(2, 2))),  # a stem: 16-pixel images in chunks
+    # blocks of eight channels (_tiles8): tiles of twelve pixels, then four, then one
+    ((2, 3, 32, 32), (8, 3, 7, 7), dict(pads=(3, 3, 3, 3), strides=(2, 2))),  # a stem: 512
+    ((1, 5, 7, 5), (12, 5, 3, 3), dict(pads=(1, 1, 1, 1))),  # 35 = 2x12 + 2x4 + 3; 4 unused
+    ((2, 4, 9, 10), (16, 4, 3, 3), dict(pads=(1, 2, 0, 1), dilations=(2, 1))),
 ]
 
 
@@ -136,6 +140,10 @@ def test_taken_only_where_it_measured_faster(monkeypatch):
     assert fits((2, 16, 15, 15), (64, 16, 3, 3))  # 144 taps
     assert fits((2, 3, 64, 64), (64, 3, 3, 3), strides=(2, 2))  # a stem: 27 taps
     assert not fits((2, 2, 64, 64), (64, 2, 3, 3))  # 18 taps
+    assert fits((2, 3, 32, 32), (8, 3, 7, 7), pads=(3, 3, 3, 3), strides=(2, 2))  # eights
+    assert fits((1, 16, 7, 7), (12, 16, 3, 3))  # 12 of 16: a quarter unused
+    assert not fits((1, 16, 7, 7), (10, 16, 3, 3))  # 10 of 16
+    assert not fits((2, 192, 2, 2), (16, 192, 1, 1), pads=None)  # 1x1: blocks of 32 only
     assert fits((1, 3, 224, 224), (64, 3, 7, 7), pads=(3, 3, 3, 3), strides=(2, 2))  # 620 KiB
     assert fits((2, 3, 32, 32), (32, 3, 8, 8), pads=None, strides=(8, 8))  # patches: 192
     assert not fits((2, 64, 16, 16), (128, 64, 1, 1), pads=None, strides=(2, 2))  # 1x1 s2
@@ -191,3 +199,19 @@ def test_strided_inputs_give_the_same_result():
     for view in (strided, transposed):
         assert not view.flags.c_contiguous
         np.testing.assert_array_equal(call(view, w, b), want)
+
+
+def test_a_read_only_output_is_refused_not_written():
+    """The machine code bound at the first call writes its output unchecked: a read-only one
+    goes through numba's dispatch, which refuses it."""
+    xs, ws, attrs = CASES[0]
+    x, _, b = conv_arrays(xs, ws, np.float32, seed=3)
+    tiles = _prepared(xs, ws, attrs)
+    plan = conv._plan(xs, ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
+    y = np.zeros(plan[1], np.float32)
+    tiles.run(x, b, True, 1, plan, y)  # binds the machine code
+    frozen = np.zeros(plan[1], np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(Exception):  # noqa: B017 - numba's typing error
+        tiles.run(x, b, True, 1, plan, frozen)
+    assert not frozen.any()

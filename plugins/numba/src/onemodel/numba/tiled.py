@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _jit
 from ._jit import jit
 from ._prefetch import prefetch
 from ._simd import fma8, host_has_fma, load8, splat8, store8, transpose8x8
@@ -30,6 +31,8 @@ from ._simd import fma8, host_has_fma, load8, splat8, store8, transpose8x8
 from .conv import PreparedCall, U, _activate_in_place
 
 BLOCK = 32  # output channels per tile: four vectors of eight
+NARROW_BLOCK = 8  # for a few output channels: one vector (_tiles8)
+NARROW_MAX = 24  # output channels at most for blocks of eight
 
 
 # Where the tiles measured faster than the columns and GEMM (python benchmarks/tiled_conv.py,
@@ -56,10 +59,12 @@ def fits(plan, xshape, wshape, group) -> bool:
     _path, (n, m, oh, ow), s, pb, d, k, _chunk = plan
     if group != 1 or min(pb) < 0 or not host_has_fma():
         return False
-    blocks = -(-m // BLOCK)
-    if xshape[1] * k[0] * k[1] < MIN_TAPS or 4 * (blocks * BLOCK - m) > blocks * BLOCK:
+    size = block(m)
+    if xshape[1] * k[0] * k[1] < MIN_TAPS or size is None:
         return False
     if k == (1, 1):
+        if size != BLOCK:
+            return False
         return s == (1, 1) and pb == (0, 0) and n * oh * ow <= POINTWISE_MAX_PIXELS and \
             m * xshape[1] * 4 >= POINTWISE_MIN_WEIGHTS
     hp = _padded_size(xshape[2], oh, k[0], s[0], pb[0], d[0])
@@ -67,15 +72,26 @@ def fits(plan, xshape, wshape, group) -> bool:
     return n * xshape[1] * hp * wq * 4 <= MAX_PLANES_BYTES
 
 
-def weights(w: np.ndarray) -> np.ndarray:
-    """(M, C, kh, kw) -> flat (blocks, C * kh * kw, 32): each tap's 32 output channels side by
-    side; output channels past M are zero (computed, never stored)."""
+def weights(w: np.ndarray, size: int = BLOCK) -> np.ndarray:
+    """(M, C, kh, kw) -> flat (blocks, C * kh * kw, size): each tap's ``size`` output
+    channels side by side; output channels past M are zero (computed, never stored)."""
     m = w.shape[0]
     taps = w[0].size
-    blocks = -(-m // BLOCK)
-    packed = np.zeros((blocks * BLOCK, taps), np.float32)
+    blocks = -(-m // size)
+    packed = np.zeros((blocks * size, taps), np.float32)
     packed[:m] = w.reshape(m, taps)
-    return np.ascontiguousarray(packed.reshape(blocks, BLOCK, taps).transpose(0, 2, 1)).ravel()
+    return np.ascontiguousarray(packed.reshape(blocks, size, taps).transpose(0, 2, 1)).ravel()
+
+
+def block(m: int) -> int | None:
+    """Output channels per tile for M of them: 32, or for at most NARROW_MAX 8 where blocks
+    of 32 would leave more than a quarter of their channels unused and blocks of eight would
+    not; None when neither fits."""
+    for size in (BLOCK, NARROW_BLOCK):
+        blocks = -(-m // size)
+        if 4 * (blocks * size - m) <= blocks * size and (size == BLOCK or m <= NARROW_MAX):
+            return size
+    return None
 
 
 def _padded_size(size, out, k, s, p, d):
@@ -84,6 +100,60 @@ def _padded_size(size, out, k, s, p, d):
 
 
 CHUNK = 96  # output pixels per pass before they are stored: 12 KiB of results
+
+
+@jit()
+def _bordered(xf, n, c, h, w, ph, pw, hp, wq):
+    """The input's planes (``xf`` flat NCHW) copied into zero-bordered (hp, wq) planes."""
+    planes = np.zeros(n * c * hp * wq, np.float32)  # the borders stay zero
+    for img in range(n):
+        for ch in range(c):
+            for r in range(h):
+                src = ((img * c + ch) * h + r) * w
+                dst = ((img * c + ch) * hp + r + ph) * wq + pw
+                for q in range(w):
+                    planes[U(dst + q)] = xf[U(src + q)]
+    return planes
+
+
+@jit()
+def _store_chunk(res, width, j0, j1, plane, m, m0, nch, act, yf):
+    """A chunk's results, ``res`` (pixel j0..j1, ``width`` channels from m0), activated in
+    place and stored to channels m0..m0 + nch of the flat NCHW ``yf``: by 8x8 transposes
+    (eight pixels of one image by eight channels), the rest one by one."""
+    _activate_in_place(res, 0, (j1 - j0) * width, act, np.float32(0.0))
+    jj = j0
+    while jj < j1:  # the chunk's pixels, a run within one image at a time
+        img = jj // plane
+        p = jj - img * plane
+        run = min(j1 - jj, plane - p)
+        r0 = (jj - j0) * width
+        ob = (img * m + m0) * plane + p  # y[img, m0, p]
+        k = 0
+        while k + 8 <= run:
+            o8 = 0
+            while o8 + 8 <= nch:
+                transpose8x8(res, U(r0 + k * width + o8), width, yf, U(ob + o8 * plane + k),
+                             plane)
+                o8 += 8
+            for o in range(o8, nch):
+                for r in range(8):
+                    yf[U(ob + o * plane + k + r)] = res[U(r0 + (k + r) * width + o)]
+            k += 8
+        for r in range(k, run):
+            for o in range(nch):
+                yf[U(ob + o * plane + r)] = res[U(r0 + r * width + o)]
+        jj += run
+
+
+@jit()
+def _padded_bias(bias, has_bias, m, size):
+    """The bias in ``size`` floats, zeros past m (those channels are computed, never stored)."""
+    bp = np.zeros(size, np.float32)
+    if has_bias:
+        for o in range(m):
+            bp[U(o)] = bias[U(o)]
+    return bp
 
 
 @jit()
@@ -101,21 +171,10 @@ def _tiles(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
     blocks = (m + 31) // 32
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
-    planes = np.zeros(n * c * hp * wq, np.float32)  # the borders stay zero
-    for img in range(n):
-        for ch in range(c):
-            for r in range(h):
-                src = ((img * c + ch) * h + r) * w
-                dst = ((img * c + ch) * hp + r + ph) * wq + pw
-                for q in range(w):
-                    planes[U(dst + q)] = xf[U(src + q)]
+    planes = _bordered(xf, n, c, h, w, ph, pw, hp, wq)
     res = np.empty(CHUNK * 32, np.float32)
-    zero = np.float32(0.0)
     plane = oh * ow
-    bp = np.zeros(blocks * 32, np.float32)  # the bias, zeros past m (computed, never stored)
-    if has_bias:
-        for o in range(m):
-            bp[U(o)] = bias[U(o)]
+    bp = _padded_bias(bias, has_bias, m, blocks * 32)
     ahead = taps * 32  # the next block's weights, asked for while a block's first tile runs
     for blk in range(blocks):
         wb = blk * taps * 32
@@ -217,43 +276,111 @@ def _tiles(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
                 store8(res, U(r0 + 8), a01)
                 store8(res, U(r0 + 16), a02)
                 store8(res, U(r0 + 24), a03)
-            _activate_in_place(res, 0, (j1 - j0) * 32, act, zero)
-            jj = j0
-            while jj < j1:  # the chunk's pixels, a run within one image at a time
-                img = jj // plane
-                p = jj - img * plane
-                run = min(j1 - jj, plane - p)
-                r0 = (jj - j0) * 32
-                ob = (img * m + blk * 32) * plane + p  # y[img, blk * 32, p]
-                k = 0
-                while k + 8 <= run:
-                    o8 = 0
-                    while o8 + 8 <= nch:
-                        transpose8x8(res, U(r0 + k * 32 + o8), 32, yf, U(ob + o8 * plane + k),
-                                     plane)
-                        o8 += 8
-                    for o in range(o8, nch):
-                        for r in range(8):
-                            yf[U(ob + o * plane + k + r)] = res[U(r0 + (k + r) * 32 + o)]
-                    k += 8
-                for r in range(k, run):
-                    for o in range(nch):
-                        yf[U(ob + o * plane + r)] = res[U(r0 + r * 32 + o)]
-                jj += run
+            _store_chunk(res, 32, j0, j1, plane, m, blk * 32, nch, act, yf)
+
+
+@jit()
+def _tiles8(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
+    """:func:`_tiles` for convolutions of few output channels (8, 16, 24: a 3-channel stem's
+    eight), whose blocks of 32 would be mostly padding: eight output channels (one vector)
+    by twelve pixels per tile, the weights packed in blocks of eight; four pixels, then one
+    at a time, at a chunk's end."""
+    n, c, h, w = x.shape
+    m, oh, ow = y.shape[1], y.shape[2], y.shape[3]
+    taps = xoff.shape[0]
+    npix = pix_in.shape[0]
+    blocks = (m + 7) // 8
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    planes = _bordered(xf, n, c, h, w, ph, pw, hp, wq)
+    res = np.empty(CHUNK * 8, np.float32)
+    plane = oh * ow
+    bp = _padded_bias(bias, has_bias, m, blocks * 8)
+    for blk in range(blocks):
+        wb = blk * taps * 8
+        b = load8(bp, U(blk * 8))
+        nch = min(8, m - blk * 8)
+        for j0 in range(0, npix, CHUNK):
+            j1 = min(npix, j0 + CHUNK)
+            j = j0
+            while j + 12 <= j1:
+                a0, a1, a2, a3, a4, a5 = b, b, b, b, b, b
+                a6, a7, a8, a9, a10, a11 = b, b, b, b, b, b
+                p0, p1, p2 = pix_in[U(j)], pix_in[U(j + 1)], pix_in[U(j + 2)]
+                p3, p4, p5 = pix_in[U(j + 3)], pix_in[U(j + 4)], pix_in[U(j + 5)]
+                p6, p7, p8 = pix_in[U(j + 6)], pix_in[U(j + 7)], pix_in[U(j + 8)]
+                p9, p10, p11 = pix_in[U(j + 9)], pix_in[U(j + 10)], pix_in[U(j + 11)]
+                for t in range(taps):
+                    xo = xoff[U(t)]
+                    wv = load8(wp, U(wb + t * 8))
+                    a0 = fma8(splat8(planes[U(p0 + xo)]), wv, a0)
+                    a1 = fma8(splat8(planes[U(p1 + xo)]), wv, a1)
+                    a2 = fma8(splat8(planes[U(p2 + xo)]), wv, a2)
+                    a3 = fma8(splat8(planes[U(p3 + xo)]), wv, a3)
+                    a4 = fma8(splat8(planes[U(p4 + xo)]), wv, a4)
+                    a5 = fma8(splat8(planes[U(p5 + xo)]), wv, a5)
+                    a6 = fma8(splat8(planes[U(p6 + xo)]), wv, a6)
+                    a7 = fma8(splat8(planes[U(p7 + xo)]), wv, a7)
+                    a8 = fma8(splat8(planes[U(p8 + xo)]), wv, a8)
+                    a9 = fma8(splat8(planes[U(p9 + xo)]), wv, a9)
+                    a10 = fma8(splat8(planes[U(p10 + xo)]), wv, a10)
+                    a11 = fma8(splat8(planes[U(p11 + xo)]), wv, a11)
+                r0 = (j - j0) * 8
+                store8(res, U(r0), a0)
+                store8(res, U(r0 + 8), a1)
+                store8(res, U(r0 + 16), a2)
+                store8(res, U(r0 + 24), a3)
+                store8(res, U(r0 + 32), a4)
+                store8(res, U(r0 + 40), a5)
+                store8(res, U(r0 + 48), a6)
+                store8(res, U(r0 + 56), a7)
+                store8(res, U(r0 + 64), a8)
+                store8(res, U(r0 + 72), a9)
+                store8(res, U(r0 + 80), a10)
+                store8(res, U(r0 + 88), a11)
+                j += 12
+            while j + 4 <= j1:
+                a0, a1, a2, a3 = b, b, b, b
+                p0, p1, p2, p3 = pix_in[U(j)], pix_in[U(j + 1)], pix_in[U(j + 2)], \
+                    pix_in[U(j + 3)]
+                for t in range(taps):
+                    xo = xoff[U(t)]
+                    wv = load8(wp, U(wb + t * 8))
+                    a0 = fma8(splat8(planes[U(p0 + xo)]), wv, a0)
+                    a1 = fma8(splat8(planes[U(p1 + xo)]), wv, a1)
+                    a2 = fma8(splat8(planes[U(p2 + xo)]), wv, a2)
+                    a3 = fma8(splat8(planes[U(p3 + xo)]), wv, a3)
+                r0 = (j - j0) * 8
+                store8(res, U(r0), a0)
+                store8(res, U(r0 + 8), a1)
+                store8(res, U(r0 + 16), a2)
+                store8(res, U(r0 + 24), a3)
+                j += 4
+            while j < j1:
+                a0 = b
+                p0 = pix_in[U(j)]
+                for t in range(taps):
+                    a0 = fma8(splat8(planes[U(p0 + xoff[U(t)])]), load8(wp, U(wb + t * 8)), a0)
+                store8(res, U((j - j0) * 8), a0)
+                j += 1
+            _store_chunk(res, 8, j0, j1, plane, m, blk * 8, nch, act, yf)
 
 
 class Tiled(PreparedCall):
     """A convolution's packed weights and tap offsets, made once at plan time; ``run`` does a
     call."""
 
-    __slots__ = ("hp", "pix_in", "wp", "wq", "xoff")
+    __slots__ = ("bound", "hp", "kernel", "pix_in", "wp", "wq", "xoff")
 
     def __init__(self, w: np.ndarray, plan, xshape):
         _path, (n, _m, oh, ow), s, pb, d, k, _chunk = plan
         c, h, wd = xshape[1], xshape[2], xshape[3]
         self.hp = hp = _padded_size(h, oh, k[0], s[0], pb[0], d[0])
         self.wq = wq = _padded_size(wd, ow, k[1], s[1], pb[1], d[1])
-        self.wp = weights(w)
+        size = block(w.shape[0]) or BLOCK
+        self.wp = weights(w, size)
+        self.kernel = _tiles if size == BLOCK else _tiles8
+        self.bound = [None]  # the kernel's machine code (_jit.entry), bound at the first call
         ch, i, j = np.meshgrid(np.arange(c), np.arange(k[0]), np.arange(k[1]), indexing="ij")
         self.xoff = ((ch * hp + i * d[0]) * wq + j * d[1]).astype(np.int64).ravel()
         img, oy, ox = np.meshgrid(np.arange(n), np.arange(oh), np.arange(ow), indexing="ij")
@@ -262,6 +389,12 @@ class Tiled(PreparedCall):
     def run(self, X, bias, has_bias, act, plan, y):
         """The convolution of C-contiguous float32 ``X`` into ``y`` (C-contiguous)."""
         pb = plan[3]
-        _tiles(X, self.wp, self.xoff, self.pix_in, bias, has_bias, act, pb[0], pb[1], self.hp,
-               self.wq, y)
+        args = (X, self.wp, self.xoff, self.pix_in, bias, has_bias, act, pb[0], pb[1], self.hp,
+                self.wq, y)
+        if not y.flags.writeable:  # numba's dispatch refuses it; the bound code would not
+            self.kernel(*args)
+            return y
+        # every call's arrays have the first's dtype, rank and layout (the caller's checks),
+        # so the machine code bound at the first call takes them without numba's dispatch
+        (self.bound[0] or _jit.bind(self.bound, self.kernel, args))(*args)
         return y
