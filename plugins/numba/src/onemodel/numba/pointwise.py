@@ -34,7 +34,9 @@ from ._simd import fma8, host_has_fma, load8, splat8, store8
 from .conv import U, _activate_in_place
 
 PIXEL_LANES_ALWAYS = 16  # pixels in a plane
-PIXEL_LANES_MAX_INPUT = 12 << 10  # floats in one image's input (C * pixels), not reached
+PIXEL_LANES_MAX_INPUT = 12 << 10  # floats in one image's input (C * pixels), not reached...
+PIXEL_LANES_WIDE = 64  # ...unless there are this many output channels or more
+PACK_MIN_OUTPUTS = 32  # output channels from which a tile's inputs are copied into a panel
 # pixels in a plane, not reached: rows of 4 KiB apart share L1 sets with the output rows the
 # tiles store (2x8x32x32 -> 24: 1.14x BLAS)
 PIXEL_LANES_MAX_PLANE = 1024
@@ -48,8 +50,10 @@ def fits(plan, xshape, wshape, group) -> bool:
     (``python benchmarks/tiled_conv.py``, one thread).
 
     - Pixel lanes: planes of a multiple of eight pixels, fewer than 1024, and a multiple of
-      four output channels, over planes of at most 16 pixels or an image's input under
-      48 KiB (past it, 0.83-1.16x BLAS: no gain to speak of).
+      four output channels, over planes of at most 16 pixels, an image's input under 48 KiB,
+      or 64 output channels or more (0.84-0.91x BLAS on DenseNet's and FCN's 1x1
+      convolutions over 8x8 and 16x16 planes; with fewer outputs and a larger input,
+      0.95-1.09x: no gain to speak of).
     - Channel lanes: planes of at most four pixels, or nine with 32 output channels or more,
       up to 512 K multiply-adds (ten outputs over 3x3 planes: 1.22x; 7x7 planes 1.0-1.13x)."""
     return kernel(plan, xshape, group) is not None
@@ -64,7 +68,8 @@ def kernel(plan, xshape, group):
     c, plane = xshape[1], oh * ow
     if plane % 8 == 0:
         if m % 4 == 0 and plane < PIXEL_LANES_MAX_PLANE and (
-                plane <= PIXEL_LANES_ALWAYS or c * plane < PIXEL_LANES_MAX_INPUT):
+                plane <= PIXEL_LANES_ALWAYS or c * plane < PIXEL_LANES_MAX_INPUT or
+                m >= PIXEL_LANES_WIDE):
             return pixel_lanes
         return None
     if (plane <= 4 or (plane <= 9 and m >= 32)) and n * m * c * plane <= CHANNEL_LANES_MAX_MACS:
@@ -86,7 +91,8 @@ def packed_weights(w: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, 
 
 
 @jit()
-def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, o0, ostride):
+def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, o0, ostride,
+                    panel):
     """of[o0 + m * ostride + q] = bias[m] + sum over c of wf[m * c_in + c] *
     xf[x0 + c * xstride + q], for m < m_out and q < 8 * vecs: four output channels by three
     vectors of eight pixels per tile (two or one vector at the row's end, one channel at a
@@ -98,7 +104,18 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
     while v < vecs:
         nv = 3 if v + 3 <= vecs else (2 if v + 2 <= vecs else 1)
         q = 8 * v
-        xb = x0 + q
+        src, base, stride = xf, x0 + q, xstride
+        if m_out >= PACK_MIN_OUTPUTS:
+            # the tile's inputs, C rows of up to 24 pixels, copied into one contiguous panel:
+            # rows read in place from planes of 16-256 pixels lie a power of two apart and
+            # share a few L1 sets (2x128x16x16 -> 128: 0.90 -> 0.88x BLAS, 2x512x8x8 -> 128
+            # 1.01 -> 0.90x); with fewer outputs the copy is not repaid (2x48x8x8 -> 8: 0.75 ->
+            # 0.93x)
+            for c in range(c_in):
+                at = x0 + q + c * xstride
+                for t in range(8 * nv):
+                    panel[U(c * 24 + t)] = xf[U(at + t)]
+            src, base, stride = panel, 0, 24
         m = 0
         while m < m_out:
             four = m + 4 <= m_out
@@ -116,10 +133,10 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
                 a20, a21, a22 = b2, b2, b2
                 a30, a31, a32 = b3, b3, b3
                 for c in range(c_in):
-                    xc = xb + c * xstride
-                    x0v = load8(xf, U(xc))
-                    x1v = load8(xf, U(xc + 8))
-                    x2v = load8(xf, U(xc + 16))
+                    xc = base + c * stride
+                    x0v = load8(src, U(xc))
+                    x1v = load8(src, U(xc + 8))
+                    x2v = load8(src, U(xc + 16))
                     s = splat8(wf[U(w0 + c)])
                     a00 = fma8(s, x0v, a00)
                     a01 = fma8(s, x1v, a01)
@@ -157,9 +174,9 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
                 a20, a21 = b2, b2
                 a30, a31 = b3, b3
                 for c in range(c_in):
-                    xc = xb + c * xstride
-                    x0v = load8(xf, U(xc))
-                    x1v = load8(xf, U(xc + 8))
+                    xc = base + c * stride
+                    x0v = load8(src, U(xc))
+                    x1v = load8(src, U(xc + 8))
                     s = splat8(wf[U(w0 + c)])
                     a00 = fma8(s, x0v, a00)
                     a01 = fma8(s, x1v, a01)
@@ -186,7 +203,7 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
             elif four:  # the row's last vector
                 a00, a10, a20, a30 = b0, b1, b2, b3
                 for c in range(c_in):
-                    x0v = load8(xf, U(xb + c * xstride))
+                    x0v = load8(src, U(base + c * stride))
                     a00 = fma8(splat8(wf[U(w0 + c)]), x0v, a00)
                     a10 = fma8(splat8(wf[U(w1 + c)]), x0v, a10)
                     a20 = fma8(splat8(wf[U(w2 + c)]), x0v, a20)
@@ -198,11 +215,11 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
             elif nv == 3:  # one of the last (m_out % 4) channels: three vectors
                 a00, a01, a02 = b0, b0, b0
                 for c in range(c_in):
-                    xc = xb + c * xstride
+                    xc = base + c * stride
                     s = splat8(wf[U(w0 + c)])
-                    a00 = fma8(s, load8(xf, U(xc)), a00)
-                    a01 = fma8(s, load8(xf, U(xc + 8)), a01)
-                    a02 = fma8(s, load8(xf, U(xc + 16)), a02)
+                    a00 = fma8(s, load8(src, U(xc)), a00)
+                    a01 = fma8(s, load8(src, U(xc + 8)), a01)
+                    a02 = fma8(s, load8(src, U(xc + 16)), a02)
                 store8(of, U(ob), a00)
                 store8(of, U(ob + 8), a01)
                 store8(of, U(ob + 16), a02)
@@ -210,7 +227,7 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
                 for t in range(nv):
                     a00 = b0
                     for c in range(c_in):
-                        a00 = fma8(splat8(wf[U(w0 + c)]), load8(xf, U(xb + 8 * t + c * xstride)),
+                        a00 = fma8(splat8(wf[U(w0 + c)]), load8(src, U(base + 8 * t + c * stride)),
                                    a00)
                     store8(of, U(ob + 8 * t), a00)
             m += 4 if four else 1
@@ -226,10 +243,11 @@ def pixel_lanes(x, wf, bias, has_bias, act, y):
     plane = y.size // (n_img * m_out)
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
+    panel = np.empty(c_in * 24, np.float32)
     if plane % 8 == 0:  # each image's rows as they lie
         for img in range(n_img):
             _rows_by_pixels(xf, img * c_in * plane, plane, wf, bias, has_bias, c_in, m_out,
-                            plane // 8, yf, img * m_out * plane, plane)
+                            plane // 8, yf, img * m_out * plane, plane, panel)
     else:  # the pixels of all the images gathered into rows padded to eight, then scattered
         width = -(-(n_img * plane) // 8) * 8
         xt = np.zeros(c_in * width, np.float32)
@@ -241,7 +259,7 @@ def pixel_lanes(x, wf, bias, has_bias, act, y):
                     xt[U(dst + p)] = xf[U(src + p)]
         res = np.empty(m_out * width, np.float32)
         _rows_by_pixels(xt, 0, width, wf, bias, has_bias, c_in, m_out, width // 8, res, 0,
-                        width)
+                        width, panel)
         for img in range(n_img):
             for m in range(m_out):
                 src = m * width + img * plane
