@@ -123,6 +123,7 @@ def _site(x, w, b, act):
     ((2, 40, 1, 1), 240, pointwise.channel_lanes), ((2, 96, 2, 2), 16, pointwise.channel_lanes),
     ((2, 48, 3, 3), 192, pointwise.channel_lanes),
     ((2, 256, 8, 8), 64, pointwise.pixel_lanes),  # 64 KiB of input, 64 outputs: packed tiles
+    ((1, 16, 32, 32), 32, pointwise.pixel_lanes),  # a 1024-pixel plane, packed tiles
 ])
 @pytest.mark.parametrize("act", ["", "Relu6", "HardSwish"])
 def test_planned_calls_take_the_tiles_and_agree_with_the_reference(xs, m, chosen, act):
@@ -149,9 +150,9 @@ def test_planned_calls_take_the_tiles_and_agree_with_the_reference(xs, m, chosen
 
 @pytest.mark.parametrize("xs, m", [
     ((2, 8, 8, 8), 6),      # output channels not a multiple of four over 8x8 planes
-    ((2, 16, 32, 32), 16),  # 1024-pixel planes
+    ((2, 16, 32, 32), 16),  # 1024-pixel planes under 32 outputs
     ((2, 256, 8, 8), 32),  # an image's input past 48 KiB, under 64 outputs
-    ((2, 8, 32, 32), 24),  # 1024-pixel planes: rows 4 KiB apart
+    ((2, 8, 32, 32), 24),  # 1024-pixel planes under 32 outputs: rows 4 KiB apart
     ((2, 16, 15, 15), 64),  # 225 pixels, not a multiple of eight
     ((2, 512, 3, 3), 10),   # nine pixels, fewer than 32 outputs
     ((2, 1024, 2, 2), 256),  # past 512 K multiply-adds over 2x2 planes

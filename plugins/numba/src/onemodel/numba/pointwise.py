@@ -37,8 +37,9 @@ PIXEL_LANES_ALWAYS = 16  # pixels in a plane
 PIXEL_LANES_MAX_INPUT = 12 << 10  # floats in one image's input (C * pixels), not reached...
 PIXEL_LANES_WIDE = 64  # ...unless there are this many output channels or more
 PACK_MIN_OUTPUTS = 32  # output channels from which a tile's inputs are copied into a panel
-# pixels in a plane, not reached: rows of 4 KiB apart share L1 sets with the output rows the
-# tiles store (2x8x32x32 -> 24: 1.14x BLAS)
+# pixels in a plane from which only tiles that pack their inputs (PACK_MIN_OUTPUTS) are taken:
+# rows read in place 4 KiB apart share L1 sets (2x8x32x32 -> 24: 1.2x BLAS, 2x32x32x32 -> 16:
+# 1.9x); packed, 0.50-0.68x over 32x32 planes, 0.83-1.01x over 28x28 to 112x112 at 1x3x224x224
 PIXEL_LANES_MAX_PLANE = 1024
 CHANNEL_LANES_MAX_MACS = 512 << 10
 
@@ -49,11 +50,11 @@ def fits(plan, xshape, wshape, group) -> bool:
     thread mode): where they measured faster than the plan's BLAS call or columns kernel
     (``python benchmarks/tiled_conv.py``, one thread).
 
-    - Pixel lanes: planes of a multiple of eight pixels, fewer than 1024, and a multiple of
-      four output channels, over planes of at most 16 pixels, an image's input under 48 KiB,
-      or 64 output channels or more (0.84-0.91x BLAS on DenseNet's and FCN's 1x1
-      convolutions over 8x8 and 16x16 planes; with fewer outputs and a larger input,
-      0.95-1.09x: no gain to speak of).
+    - Pixel lanes: planes of a multiple of eight pixels and a multiple of four output
+      channels, over planes of at most 16 pixels, an image's input under 48 KiB, or 64 output
+      channels or more (0.84-0.91x BLAS on DenseNet's and FCN's 1x1 convolutions over 8x8 and
+      16x16 planes; with fewer outputs and a larger input, 0.95-1.09x: no gain to speak of);
+      over planes of 1024 pixels or more, only with 32 output channels or more.
     - Channel lanes: planes of at most four pixels, or nine with 32 output channels or more,
       up to 512 K multiply-adds (ten outputs over 3x3 planes: 1.22x; 7x7 planes 1.0-1.13x)."""
     return kernel(plan, xshape, group) is not None
@@ -67,9 +68,12 @@ def kernel(plan, xshape, group):
         return None
     c, plane = xshape[1], oh * ow
     if plane % 8 == 0:
-        if m % 4 == 0 and plane < PIXEL_LANES_MAX_PLANE and (
-                plane <= PIXEL_LANES_ALWAYS or c * plane < PIXEL_LANES_MAX_INPUT or
-                m >= PIXEL_LANES_WIDE):
+        if m % 4:
+            return None
+        if plane >= PIXEL_LANES_MAX_PLANE:  # only with the tiles' inputs packed
+            return pixel_lanes if m >= PACK_MIN_OUTPUTS else None
+        if plane <= PIXEL_LANES_ALWAYS or c * plane < PIXEL_LANES_MAX_INPUT or \
+                m >= PIXEL_LANES_WIDE:
             return pixel_lanes
         return None
     if (plane <= 4 or (plane <= 9 and m >= 32)) and n * m * c * plane <= CHANNEL_LANES_MAX_MACS:
