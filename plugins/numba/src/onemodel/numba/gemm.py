@@ -148,13 +148,12 @@ def _rows_by_k(site: CallSite, attrs: dict, out_shape):
     return None
 
 
-# (id(weights), kind) -> (a weak reference to them, their (N, K) copy or packed panels): one per
-# immutable weight
-# array (a file's), shared by every plan (a session planning for several shapes would otherwise
-# copy each large weight once per plan); an entry goes when its weights do. A re-entrant lock:
-# a garbage-collection pass inside the locked section may finalize other weights, whose
-# _forget then runs in the same thread
-_COPIES: dict[int, tuple] = {}
+# (id(weights), kind) -> (a weak reference to them, their (N, K) copy or packed panels): one of
+# each kind per immutable weight array (a file's), shared by every plan (a session planning for
+# several shapes would otherwise copy each large weight once per plan); an entry goes when its
+# weights do. A re-entrant lock: a garbage-collection pass inside the locked section may
+# finalize other weights, whose _forget then runs in the same thread
+_COPIES: dict[tuple, tuple] = {}
 _COPIES_LOCK = threading.RLock()
 
 
