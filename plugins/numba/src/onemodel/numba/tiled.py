@@ -6,15 +6,17 @@ three output pixels and multiplies it into 32 output channels' weights, four vec
 (C * kh * kw of them). The weights are packed once at plan time, 32 output channels side by
 side for each tap; the input is copied into zero-bordered planes, so the loop over the taps
 reads no bounds. The three pixels are consecutive in the flat (image, row, column) order, so
-small planes waste no lanes; the results of 96 pixels at a time are then stored to NCHW with
-the bias added and the activation applied. While a block's first tile runs, the next block's
-weights are asked for (:mod:`._prefetch`): 1x1 convolutions over a few pixels, whose weights
-come from memory, stream them once instead of once per image as BLAS does.
+small planes waste no lanes. The sums start at the bias; the results of 96 pixels at a time
+are activated in one pass and stored to NCHW by 8x8 transposes. While a block's first tile
+runs, the next block's weights are asked for (:mod:`._prefetch`): 1x1 convolutions over a few
+pixels, whose weights come from memory, stream them once instead of once per image as BLAS
+does. Convolutions of 8-24 outputs, whose blocks of 32 would be mostly padding, take blocks
+of eight channels by twelve pixels instead (:func:`_tiles8`).
 
 This is onnxruntime's NCHWc convolution kernel's shape (a block of output channels in a
 vector, input values broadcast), kept to NCHW tensors at both ends. Chosen by :func:`fits`
 where it measured faster than the columns and GEMM (and Winograd) on one thread; see the
-constants below and docs/benchmarks.md, "Nineteenth round"."""
+constants below and docs/benchmarks.md, "Nineteenth round" and "Twentieth round"."""
 
 from __future__ import annotations
 
