@@ -71,6 +71,39 @@ def test_real_model_loads_symbolic_and_agrees_with_onnxruntime(name, exporter):
                                    err_msg=f"{name} by {exporter} at {feeds_shapes(feeds)}")
 
 
+@pytest.mark.parametrize("name", ["bert", "vit"])
+def test_one_thread_session_by_the_numba_register_tiles_agrees_with_onnxruntime(
+        name, monkeypatch):
+    """transformers-library exports run by a one-thread session: their MatMuls by the file's
+    weights go by the numba plugin's packed panels (when the CPU has AVX2 and FMA), a ViT's
+    patch embedding and the rest by its register tiles; the outputs agree with onnxruntime."""
+    taken = []
+    try:
+        from onemodel.numba import gemm
+    except ImportError:  # the core without the plugin: the reference kernels
+        gemm = None
+    else:
+        real = gemm._panel_product
+
+        def spy(b, *args):
+            taken.append(b.shape)
+            return real(b, *args)
+        monkeypatch.setattr(gemm, "_panel_product", spy)
+    spec = builders.specs()[name]
+    path = builders.exported(name, "torchscript")
+    session, ref = Session.load(path, threads=1), _ort(path)
+    for which in (0, 1):
+        feeds = spec.feeds(which, "torchscript")
+        want = ref.run(None, feeds)[0]
+        got = session.run(feeds, return_numpy=True)[spec.outputs[0]]
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
+    if gemm is not None:
+        from onemodel.numba._simd import host_has_fma
+
+        assert bool(taken) == host_has_fma(), taken
+
+
 def feeds_shapes(feeds) -> str:
     return ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
 

@@ -36,3 +36,14 @@ def fused_site(x, w, b, attrs, act):
     site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
                     (None, w, *(() if b is None else (b,))), attrs, (want.shape,), generic)
     return kernel, site, inputs
+
+
+def assert_call_agrees(call, inputs, want, tol, scale, label=""):
+    """A planned call's result, returned and written into an ``out=`` (which it must return),
+    within ``tol * scale`` of ``want``, with its shape and dtype."""
+    got = call(*inputs)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert float(np.abs(got - want).max()) <= tol * scale, label
+    out = np.full(want.shape, np.nan, want.dtype)
+    assert call(*inputs, out=out) is out
+    assert float(np.abs(out - want).max()) <= tol * scale, label

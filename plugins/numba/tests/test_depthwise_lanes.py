@@ -11,7 +11,7 @@ from functools import partial
 
 import numpy as np
 import pytest
-from conv_arrays import conv_arrays, file_constant
+from conv_arrays import assert_call_agrees, conv_arrays, file_constant
 
 from onemodel.numba import _jit, conv, depthwise_lanes
 from onemodel.numba._simd import host_has_fma
@@ -83,12 +83,7 @@ def test_lanes_match_the_reference(xs, attrs):
     for act, bias in zip(ACTIVATIONS, (b, None, b, None, b, None)):
         call, inputs, want = _planned(x, w, bias, attrs, act, True)
         scale = max(float(np.abs(want).max()), 1.0)
-        got = call(*inputs)
-        assert got.shape == want.shape and got.dtype == want.dtype
-        assert float(np.abs(got - want).max()) <= TOL * scale, act
-        out = np.full(want.shape, np.nan, np.float32)
-        assert call(*inputs, out=out) is out
-        assert float(np.abs(out - want).max()) <= TOL * scale, act
+        assert_call_agrees(call, inputs, want, TOL, scale, act)
 
 
 def test_lanes_match_pytorch():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conv_arrays import conv_arrays, file_constant, fused_site
+from conv_arrays import assert_call_agrees, conv_arrays, file_constant, fused_site
 
 from onemodel.numba import _jit, conv, tiled, winograd
 from onemodel.tensors.ops import OPS
@@ -81,12 +81,7 @@ def test_tiles_match_the_reference(xs, ws, attrs):
         call = specialize(kernel, site)
         want = OPS["FusedConv" if act else "Conv"].kernel(
             *inputs, **attrs, **({"activation": act} if act else {}))
-        got = call(*inputs)
-        assert got.shape == want.shape and got.dtype == want.dtype
-        assert float(np.abs(got - want).max()) <= TOL * scale, act
-        out = np.full(want.shape, np.nan, np.float32)
-        assert call(*inputs, out=out) is out
-        assert float(np.abs(out - want).max()) <= TOL * scale, act
+        assert_call_agrees(call, inputs, want, TOL, scale, act)
 
 
 def test_tiles_match_pytorch():
