@@ -1831,7 +1831,11 @@ def _conv_site(site: CallSite, act: int):
             not _jit._parallel:
         from . import pointwise, tiled
 
-        if pointwise.fits(plan, x4, w4, group) and not tiled.fits(plan, x4, w4, group) and (
+        lanes = pointwise.kernel(plan, x4, group)
+        # the channel lanes before the register tiles; the pixel lanes where the tiles don't
+        # fit (pointwise.fits says where each measured faster)
+        if lanes is not None and (lanes is pointwise.channel_lanes or not tiled.fits(
+                plan, x4, w4, group)) and (
                 not has_bias or (b_const is not _UNSET and _immutable(b_const))):
             return _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias,
                                    act, site.generic)

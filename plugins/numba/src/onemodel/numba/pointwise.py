@@ -13,9 +13,10 @@ enough to fill the lanes:
   input channel's row is read as it lies in NCHW (when a plane is a multiple of eight
   pixels), the weights broadcast. Planes of another size are first gathered into (C, pixels
   of all the images) rows padded to eight.
-- :func:`channel_lanes`: eight output channels in a vector (weights packed once, C by M
-  padded to eight), 32 channels by three pixels; each input value broadcast. For wide outputs
-  over a handful of pixels (1x1 and 2x2 planes), whose pixels would leave most lanes empty.
+- :func:`channel_lanes`: eight output channels in a vector (weights packed once into blocks
+  of 32 channels, each one run in memory), 32 channels by three pixels; each input value
+  broadcast. For wide outputs over a handful of pixels (1x1 and 2x2 planes), whose pixels
+  would leave most lanes empty.
 
 The bias starts the sums; the activation runs over the output after. Chosen by :func:`fits`
 where it measured faster than the plan's other kernels (``python
@@ -41,7 +42,6 @@ PACK_MIN_OUTPUTS = 32  # output channels from which a tile's inputs are copied i
 # rows read in place 4 KiB apart share L1 sets (2x8x32x32 -> 24: 1.2x BLAS, 2x32x32x32 -> 16:
 # 1.9x); packed, 0.50-0.68x over 32x32 planes, 0.83-1.01x over 28x28 to 112x112 at 1x3x224x224
 PIXEL_LANES_MAX_PLANE = 1024
-CHANNEL_LANES_MAX_MACS = 512 << 10
 
 
 def fits(plan, xshape, wshape, group) -> bool:
@@ -55,14 +55,17 @@ def fits(plan, xshape, wshape, group) -> bool:
       channels or more (0.84-0.91x BLAS on DenseNet's and FCN's 1x1 convolutions over 8x8 and
       16x16 planes; with fewer outputs and a larger input, 0.95-1.09x: no gain to speak of);
       over planes of 1024 pixels or more, only with 32 output channels or more.
-    - Channel lanes: planes of at most four pixels, or nine with 32 output channels or more,
-      up to 512 K multiply-adds (ten outputs over 3x3 planes: 1.22x; 7x7 planes 1.0-1.13x)."""
+    - Channel lanes: planes of at most four pixels, or nine with 32 output channels or more
+      (ten outputs over 3x3 planes: 1.22x; 7x7 planes 1.0-1.13x), however many multiply-adds:
+      0.63-0.92x the register tiles (:mod:`.tiled`, which the caller would take instead) on
+      the real suite's 2x2 planes past 512 K multiply-adds, 0.74-1.02x with the weights out
+      of cache; SqueezeNet's 2x512x3x3 -> 64 0.56x the direct kernel."""
     return kernel(plan, xshape, group) is not None
 
 
 def kernel(plan, xshape, group):
     """:func:`pixel_lanes`, :func:`channel_lanes` or None (:func:`fits`)."""
-    _path, (n, m, oh, ow), s, pb, _d, k, _chunk = plan
+    _path, (_n, m, oh, ow), s, pb, _d, k, _chunk = plan
     if group != 1 or k != (1, 1) or s != (1, 1) or pb != (0, 0) or (oh, ow) != tuple(
             xshape[2:]) or not host_has_fma():
         return None
@@ -76,22 +79,33 @@ def kernel(plan, xshape, group):
                 m >= PIXEL_LANES_WIDE:
             return pixel_lanes
         return None
-    if (plane <= 4 or (plane <= 9 and m >= 32)) and n * m * c * plane <= CHANNEL_LANES_MAX_MACS:
+    if plane <= 4 or (plane <= 9 and m >= 32):
         return channel_lanes
     return None
 
 
 def packed_weights(w: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(M, C, 1, 1) weights -> flat (C, M padded to eight) for :func:`channel_lanes`, and the
-    bias padded likewise (zeros without one)."""
+    """(M, C, 1, 1) weights -> the blocks :func:`channel_lanes` reads, and the bias padded to
+    a multiple of eight (zeros without one). M is padded to eight with zero rows; each block
+    of 32 output channels (8 past the last full 32) is stored channel-major, (C, 32) or
+    (C, 8), the blocks one after another: a tile's weights are one run in memory, which the
+    hardware prefetcher follows. Interleaved (C, M) rows read as a strided run took 1.5-2.7x
+    as long with the weights out of cache (2x992x2x2 -> 128: 76.6 -> 35.9 us; 2x960x1x1 ->
+    1280: 521 -> 192 us) and 1.0-1.7x in cache."""
     m, c = w.shape[0], w.shape[1]
     mpad = -(-m // 8) * 8
-    wp = np.zeros((c, mpad), np.float32)
-    wp[:, :m] = w.reshape(m, c).T
+    rows = np.zeros((mpad, c), np.float32)
+    rows[:m] = w.reshape(m, c)
+    wp = np.empty(mpad * c, np.float32)
+    mb = 0
+    while mb < mpad:
+        width = 32 if mb + 32 <= mpad else 8
+        wp[mb * c:(mb + width) * c] = rows[mb:mb + width].T.ravel()
+        mb += width
     bp = np.zeros(mpad, np.float32)
     if bias is not None:
         bp[:m] = bias
-    return wp.ravel(), bp
+    return wp, bp
 
 
 @jit()
@@ -307,7 +321,7 @@ def channel_lanes(x, wp, bp, act, y):
                 a10, a11, a12, a13 = a00, a01, a02, a03
                 a20, a21, a22, a23 = a00, a01, a02, a03
                 for c in range(c_in):
-                    wo = c * mpad + mb
+                    wo = mb * c_in + c * 32
                     w0 = load8(wp, U(wo))
                     w1 = load8(wp, U(wo + 8))
                     w2 = load8(wp, U(wo + 16))
@@ -350,7 +364,7 @@ def channel_lanes(x, wp, bp, act, y):
                 a03 = load8(bp, U(mb + 24))
                 a10, a11, a12, a13 = a00, a01, a02, a03
                 for c in range(c_in):
-                    wo = c * mpad + mb
+                    wo = mb * c_in + c * 32
                     w0 = load8(wp, U(wo))
                     w1 = load8(wp, U(wo + 8))
                     w2 = load8(wp, U(wo + 16))
@@ -382,7 +396,7 @@ def channel_lanes(x, wp, bp, act, y):
                 a02 = load8(bp, U(mb + 16))
                 a03 = load8(bp, U(mb + 24))
                 for c in range(c_in):
-                    wo = c * mpad + mb
+                    wo = mb * c_in + c * 32
                     s = splat8(xf[U(p0 + c * plane)])
                     a00 = fma8(s, load8(wp, U(wo)), a00)
                     a01 = fma8(s, load8(wp, U(wo + 8)), a01)
@@ -397,7 +411,7 @@ def channel_lanes(x, wp, bp, act, y):
                 a00 = load8(bp, U(mb))
                 a10, a20 = a00, a00
                 for c in range(c_in):
-                    w0 = load8(wp, U(c * mpad + mb))
+                    w0 = load8(wp, U(mb * c_in + c * 8))
                     xo = c * plane
                     a00 = fma8(splat8(xf[U(p0 + xo)]), w0, a00)
                     a10 = fma8(splat8(xf[U(p1 + xo)]), w0, a10)
