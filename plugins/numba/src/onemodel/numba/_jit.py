@@ -79,6 +79,15 @@ def jit(parallel: bool = False, fastmath=False):
     return wrap
 
 
+def dual(serial, parallel, fastmath=False):
+    """What ``jit(parallel=True)`` makes of one function, from two: ``serial`` compiled
+    serially, ``parallel`` with ``prange`` loops, when their loops are best written apart (a
+    generated chain's nested loops against its one parallel loop over every row)."""
+    opts = dict(cache=True, nogil=True, error_model="numpy", fastmath=fastmath)
+    return _Dual(numba.njit(**opts)(serial), numba.njit(parallel=True, **opts)(parallel),
+                 parallel)
+
+
 class _Dual:
     """A kernel compiled twice: serially for small calls and one thread, in parallel else."""
 

@@ -75,7 +75,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from onemodel.numba._jit import jit
+from onemodel.numba._jit import dual
 from onemodel.numba._vecmath import erf32 as _erf32, exp32 as _exp32, sigmoid32 as _sigmoid32
 from onemodel.numba._vecmath import tanh32 as _tanh32
 
@@ -123,44 +123,56 @@ def _source(name: str, steps, d: int, patterns, f32: bool, baked: tuple = (),
     written in as values of the kernel's dtype (the kernel does not take them). ``ranks``:
     each input's own rank, when the kernel takes the arrays as they are shaped (``patterns``
     then over the output's ``d`` axes; an input of lower rank is indexed by the last of them,
-    as broadcasting aligns it); None: every array comes collapsed to ``d`` axes."""
+    as broadcasting aligns it); None: every array comes collapsed to ``d`` axes.
+
+    Two loop nests over the same rows: the parallel variant's one ``prange`` over every row
+    (its outer indices divided out of the row number), the serial variant's one loop per
+    axis. The divisions cost more than a short row: a per-channel scale, shift and ReLU over
+    2x1024x16 took 16.8 us flattened, 4.4 us nested."""
     n = len(patterns)
     ranks = ranks or (d,) * n
     consts = dict(baked)
     xs = ", ".join(f"x{j}" for j in range(n) if j not in consts)
-    body = ["@jit(parallel=True)", f"def {name}(out, {xs}):", "    shape = out.shape",
-            "    outer = 1"]
-    body += [f"    v{j} = np.float32({lit})" if f32 else f"    v{j} = {lit}"
-             for j, lit in consts.items()]
-    body += [f"    outer *= shape[{k}]" for k in range(d - 1)]
-    # the index of outer axis k is (t // st_k) % shape[k]: the loop index is never reassigned
-    # (a parfor refuses that)
-    for k in reversed(range(d - 1)):
-        body.append(f"    st{k} = " + " * ".join(["1", *[f"shape[{j}]" for j in range(k + 1,
-                                                                                   d - 1)]]))
-    body.append("    for t in prange(outer):")
-    for k in range(d - 1):
-        body.append(f"        i{k} = (t // st{k}) % shape[{k}]")
+    setup = ["    shape = out.shape"]
+    setup += [f"    v{j} = np.float32({lit})" if f32 else f"    v{j} = {lit}"
+              for j, lit in consts.items()]
 
     def index(full, last, rank=d):
         parts = [f"i{k}" if full[k] else "0" for k in range(d - rank, d - 1)]
         return ", ".join([*parts, last])
 
-    body.append(f"        orow = out[{index((True,) * d, ':')}]" if d > 1 else "        orow = out")
+    row = [f"orow = out[{index((True,) * d, ':')}]" if d > 1 else "orow = out"]
     live = [(j, full) for j, full in enumerate(patterns) if j not in consts]
     for j, full in live:
         if full[-1]:
-            body.append(f"        row{j} = x{j}[{index(full, ':', ranks[j])}]")
+            row.append(f"row{j} = x{j}[{index(full, ':', ranks[j])}]")
         else:
-            body.append(f"        s{j} = x{j}[{index(full, '0', ranks[j])}]")
-    body.append(f"        for q in range(shape[{d - 1}]):")
+            row.append(f"s{j} = x{j}[{index(full, '0', ranks[j])}]")
+    row.append(f"for q in range(shape[{d - 1}]):")
     for j, full in live:
-        body.append(f"            v{j} = row{j}[q]" if full[-1] else f"            v{j} = s{j}")
+        row.append(f"    v{j} = row{j}[q]" if full[-1] else f"    v{j} = s{j}")
     for k, (op, refs, lits) in enumerate(steps):
         args = [f"v{r[1:]}" if r[0] == "x" else f"t{r[1:]}" for r in refs]
-        body.append(f"            t{k} = {_step(op, args, lits, _EXPR_F32 if f32 else _EXPR)}")
-    body.append(f"            orow[q] = t{len(steps) - 1}")
-    return _HEADER + "\n" + "\n".join(body) + "\n"
+        row.append(f"    t{k} = {_step(op, args, lits, _EXPR_F32 if f32 else _EXPR)}")
+    row.append(f"    orow[q] = t{len(steps) - 1}")
+
+    flat = [f"def {name}_parallel(out, {xs}):", *setup, "    outer = 1"]
+    flat += [f"    outer *= shape[{k}]" for k in range(d - 1)]
+    # the index of outer axis k is (t // st_k) % shape[k]: the loop index is never reassigned
+    # (a parfor refuses that)
+    for k in reversed(range(d - 1)):
+        flat.append(f"    st{k} = " + " * ".join(["1", *[f"shape[{j}]" for j in range(k + 1,
+                                                                                   d - 1)]]))
+    flat.append("    for t in prange(outer):")
+    flat += [f"        i{k} = (t // st{k}) % shape[{k}]" for k in range(d - 1)]
+    flat += [" " * 8 + line for line in row]
+
+    nested = [f"def {name}_serial(out, {xs}):", *setup]
+    nested += [" " * (4 + 4 * k) + f"for i{k} in range(shape[{k}]):" for k in range(d - 1)]
+    nested += [" " * (4 + 4 * (d - 1)) + line for line in row]
+    tail = f"{name} = dual({name}_serial, {name}_parallel)"
+    return _HEADER + "\n" + "\n".join(flat) + "\n\n\n" + "\n".join(nested) + "\n\n\n" + \
+        tail + "\n"
 
 
 def _kernel(program: tuple, d: int, patterns, f32: bool, baked: tuple = (),
