@@ -156,6 +156,81 @@ def test_relu6_written_as_clip_fuses_into_the_conv_equal_to_torch():
         assert not ActivationFusion().run(optimized)
 
 
+def _silu_stack(sites: int, *, swap_every: int = 2):
+    """``sites`` Conv layers each followed by x * Sigmoid(x) (SiLU as PyTorch exports it: a
+    Sigmoid and a Mul reading the Conv's output), the Mul's operands in both orders, then a
+    Gemm with its own SiLU; and the same stack in torch."""
+    import torch
+
+    rng = np.random.default_rng(7)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 4, 5, 5))
+    h, layers = x, []
+    for k in range(sites):
+        w, bias = f32(rng, 4, 4, 3, 3, scale=0.4), f32(rng, 4)
+        layers.append((w, bias))
+        y = b.op("Conv", h, b.initializer(f"w{k}", w), b.initializer(f"b{k}", bias),
+                 pads=(1, 1, 1, 1))
+        gate = b.op("Sigmoid", y)
+        h = b.op("Mul", gate, y) if k % swap_every else b.op("Mul", y, gate)
+    h = b.op("Reshape", h, b.const([0, -1], "I64"))
+    wg, bg = f32(rng, 100, 6, scale=0.2), f32(rng, 6)
+    y = b.op("Gemm", h, b.initializer("wg", wg), b.initializer("bg", bg))
+    b.output(b.op("Mul", y, b.op("Sigmoid", y)), "out")
+
+    def torch_stack(feed):
+        t = torch.from_numpy(feed)
+        for w, bias in layers:
+            t = torch.nn.functional.silu(torch.nn.functional.conv2d(
+                t, torch.from_numpy(w), torch.from_numpy(bias), padding=1))
+        t = t.reshape(t.shape[0], -1) @ torch.from_numpy(wg) + torch.from_numpy(bg)
+        return torch.nn.functional.silu(t).numpy()
+    return b.build(), torch_stack
+
+
+def test_silu_written_as_sigmoid_and_mul_fuses_at_every_site_equal_to_torch():
+    """Each Conv or Gemm whose output only a Sigmoid and the Mul by it read becomes one node
+    with activation Silu: all 25 sites in one pass call (more than the pass manager's rounds),
+    and the result is torch's silu(conv) with the default passes and the plugins installed."""
+    graph, torch_stack = _silu_stack(25)
+    g, counts = _check(graph, [ActivationFusion()], expect_ops_gone=("Sigmoid", "Mul"))
+    assert counts["activation-fusion"] == 26
+    assert [n.attrs["activation"] for n in g.nodes if n.op in ("FusedConv", "FusedGemm")] == \
+        ["Silu"] * 26
+    x = np.random.default_rng(8).standard_normal((3, 4, 5, 5)).astype(np.float32) * 3
+    want = torch_stack(x)
+    for session in (Session(g, optimize=False), Session(graph)):
+        np.testing.assert_allclose(session.run({"x": x})["out"].numpy(), want, rtol=1e-4,
+                                   atol=1e-5)
+
+
+def _conv_gate(reads):
+    """A Conv, a Sigmoid of its output and a Mul of the two, plus what ``reads`` adds."""
+    rng = np.random.default_rng(9)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 2, 5, 5))
+    y = b.op("Conv", x, b.initializer("w", f32(rng, 3, 2, 3, 3)), b.initializer("b", f32(rng, 3)))
+    gate = b.op("Sigmoid", y)
+    b.output(b.op("Mul", y, gate) if reads != "other" else b.op("Mul", b.op("Neg", y), gate),
+             "out")
+    if reads == "gate":
+        b.output(b.op("Tanh", gate), "also")
+    elif reads == "conv":
+        b.output(b.op("Tanh", y), "also")
+    elif reads == "output":
+        b.output(y, "also")
+    return b.build()
+
+
+@pytest.mark.parametrize("reads", ["gate", "conv", "output", "other"])
+def test_silu_is_not_fused_when_anything_else_reads_its_parts(reads):
+    """The gate or the Conv's output read elsewhere (or an output of the graph), or a Mul of
+    the gate by another value: no SiLU, nothing changes."""
+    optimized = _conv_gate(reads).copy()
+    assert not ActivationFusion().run(optimized)
+    assert "FusedConv" not in {n.op for n in optimized.nodes}
+
+
 @pytest.mark.parametrize("bounds", [(np.nan, 6.0), (0.0, np.nan)])
 @pytest.mark.parametrize("chained", [False, True])
 def test_a_clip_to_a_nan_bound_is_not_fused(bounds, chained):

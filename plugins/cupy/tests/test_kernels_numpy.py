@@ -151,7 +151,7 @@ for dt in F[:2]:
     case("Gemm", [r(4, 3, dtype=dt), r(5, 4, dtype=dt), r(5, dtype=dt)], transA=1, transB=1,
          alpha=0.5, beta=2.0)
     case("Gemm", [r(3, 4, dtype=dt), r(5, 4, dtype=dt), r(3, 1, dtype=dt)], transB=1)
-    for act in ("Relu", "Sigmoid", "Tanh", "Relu6"):
+    for act in ("Relu", "Sigmoid", "Tanh", "Relu6", "Silu"):
         case("FusedGemm", [r(3, 4, dtype=dt), r(4, 5, dtype=dt), r(5, dtype=dt)], activation=act)
 
 # convolution
@@ -171,7 +171,7 @@ for dt in F[:2]:
     case("Conv", [r(2, 3, 5, 5, dtype=dt), r(6, 3, 1, 1, dtype=dt)])
     case("Conv", [r(2, 4, 6, 6, dtype=dt), r(4, 4, 3, 3, dtype=dt)], kernel_shape=(3, 3),
          pads=(1, 1, 1, 1))
-    for act in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6"):
+    for act in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6", "Silu"):
         case("FusedConv", [r(2, 3, 6, 5, dtype=dt), r(4, 3, 3, 3, dtype=dt), r(4, dtype=dt)],
              activation=act, pads=(1, 1, 1, 1))
 

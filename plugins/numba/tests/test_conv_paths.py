@@ -105,7 +105,7 @@ CASES = [
     # two images of 3x3 planes: 18 columns (SqueezeNet's last fire modules)
     (conv._SKINNY, (2, 64, 3, 3), (128, 64, 3, 3), dict(pads=(1, 1, 1, 1))),
 ]
-ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish"]
+ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish", "Silu"]
 
 
 @pytest.fixture(autouse=True)
@@ -157,7 +157,7 @@ def test_each_path_matches_the_reference(case, dtype):
         assert _path(x, w, attrs) != path
     else:
         assert _path(x, w, attrs) == path
-    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b)):
+    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b, None)):
         got, want = _run(x, w, bias, act, attrs)
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_allclose(got, want, **_tol(path, dtype))
@@ -241,7 +241,7 @@ def test_bands_of_output_rows_match_the_reference(xs, ws, attrs, dtype, small_ba
     band = conv._band_rows(ws[0], rows, want.shape[2] * want.shape[3], want.shape[3], 1,
                            x.itemsize)
     assert _path(x, w, attrs) == conv._BY_IMAGE and 0 < band < want.shape[2]
-    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b)):
+    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b, None)):
         got, want = _run(x, w, bias, act, attrs)
         np.testing.assert_allclose(got, want, **TOL[dtype])
         out = np.full(want.shape, np.nan, dtype)

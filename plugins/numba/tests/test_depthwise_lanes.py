@@ -21,7 +21,7 @@ from onemodel.tensors.ops.specialize import CallSite, specialize
 pytestmark = pytest.mark.skipif(not host_has_fma(), reason="this CPU has no AVX2/FMA: "
                                 "the lanes are never chosen")
 
-ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6"]
+ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6", "Silu"]
 TOL = 5e-6  # relative to the output's scale
 
 
@@ -80,7 +80,7 @@ def test_lanes_match_the_reference(xs, attrs):
                       conv._key(attrs.get("pads")), conv._key(attrs.get("dilations")), "NOTSET",
                       xs[1], True)
     assert depthwise_lanes.fits(plan, xs, np.float32, xs[1])
-    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b, None)):
+    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b, None, b)):
         call, inputs, want = _planned(x, w, bias, attrs, act, True)
         scale = max(float(np.abs(want).max()), 1.0)
         assert_call_agrees(call, inputs, want, TOL, scale, act)

@@ -16,7 +16,8 @@ from onemodel.runtime import GraphBuilder, Session
 from onemodel.tensors import DType
 
 ACTS = {"Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh,
-        "HardSwish": lambda t: t * torch.clamp(t / 6 + 0.5, 0, 1)}  # ONNX's formula
+        "HardSwish": lambda t: t * torch.clamp(t / 6 + 0.5, 0, 1),  # ONNX's formula
+        "Silu": torch.nn.functional.silu}
 TOL = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
 
 

@@ -34,7 +34,7 @@ CASES = [
                       ((3, 5, 8, 8), (7, 5, 3, 3), dict(auto_pad="SAME_UPPER", strides=(2, 2))),
                       ((3, 12, 5, 6), (9, 4, 1, 1), dict(group=3)))],
     *[("FusedConv", [(2, 6, 9, 9), (4, 6, 3, 3), (4,)], dict(activation=a, pads=(1, 1, 1, 1)))
-      for a in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6")],
+      for a in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6", "Silu")],
     # Relu6 (Clip to 0 and 6) on the other paths: depthwise, 1x1, the small-convolution table
     ("FusedConv", [(2, 6, 9, 9), (6, 1, 3, 3), (6,)], dict(activation="Relu6", group=6,
                                                             pads=(1, 1, 1, 1))),

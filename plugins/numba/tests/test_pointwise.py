@@ -21,7 +21,8 @@ from onemodel.tensors.ops.specialize import CallSite, specialize
 pytestmark = pytest.mark.skipif(not host_has_fma(), reason="this CPU has no AVX2/FMA: "
                                 "the kernels are never chosen")
 
-ACTIVATIONS = {0: "", 1: "Relu", 2: "Sigmoid", 3: "Tanh", 4: "HardSwish", 5: "Relu6"}
+ACTIVATIONS = {0: "", 1: "Relu", 2: "Sigmoid", 3: "Tanh", 4: "HardSwish", 5: "Relu6",
+               6: "Silu"}
 TOL = 5e-6  # relative to the output's scale
 
 

@@ -459,7 +459,7 @@ def test_weights_changed_in_place_are_used_as_they_are_now(read_only_view):
     np.testing.assert_allclose(got, OPS["Conv"].kernel(x, w, **attrs), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("activation", ["Relu", "HardSwish", "Sigmoid"])
+@pytest.mark.parametrize("activation", ["Relu", "HardSwish", "Sigmoid", "Silu"])
 def test_a_widening_1x1_convolution_of_1x1_planes_uses_weights_laid_out_once(activation):
     """Squeeze-and-excitation's second 1x1 convolution (96 -> 384 channels over 1x1 planes)
     with weights from a file: multiplied as (N, C) @ (C, M) by a (C, M) copy made at plan

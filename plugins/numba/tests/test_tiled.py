@@ -19,7 +19,7 @@ from onemodel.tensors.ops.specialize import specialize
 pytestmark = pytest.mark.skipif(not tiled.host_has_fma(), reason="this CPU has no AVX2/FMA: "
                                 "the tiles are never chosen")
 
-ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6"]
+ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6", "Silu"]
 TOL = 5e-6  # relative to the output's scale: fused multiply-adds in another order
 RULE_MIN_TAPS = tiled.MIN_TAPS  # (the fixture below admits any number of taps)
 
@@ -76,7 +76,7 @@ def test_tiles_match_the_reference(xs, ws, attrs):
     w = file_constant(w)
     assert isinstance(_prepared(xs, ws, attrs), tiled.Tiled)
     scale = max(float(np.abs(OPS["Conv"].kernel(x, w, b, **attrs)).max()), 1.0)
-    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b, None)):
+    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b, None, b)):
         kernel, site, inputs = fused_site(x, w, bias, attrs, act)
         call = specialize(kernel, site)
         want = OPS["FusedConv" if act else "Conv"].kernel(

@@ -14,7 +14,7 @@ from onemodel.numba import _jit, conv, winograd
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import specialize
 
-ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish"]
+ACTIVATIONS = ["", "Relu", "Sigmoid", "Tanh", "HardSwish", "Silu"]
 # relative to the output's scale: float32 transforms round differently from the direct sum
 TOL = {np.float32: 5e-6, np.float64: 1e-12}
 
@@ -44,7 +44,7 @@ def test_winograd_matches_the_reference(xs, ws, attrs, dtype):
     w = file_constant(w)
     # errors scale with the sums before the activation (Tanh's outputs stay within 1)
     scale = max(float(np.abs(OPS["Conv"].kernel(x, w, b, **attrs)).max()), 1.0)
-    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b)):
+    for act, bias in zip(ACTIVATIONS, (b, None, b, None, b, None)):
         kernel, site, inputs = fused_site(x, w, bias, attrs, act)
         plan = conv._plan(xs, ws, x.itemsize, None, conv._key(attrs.get("strides")),
                           conv._key(attrs.get("pads")), None, attrs.get("auto_pad", "NOTSET"),

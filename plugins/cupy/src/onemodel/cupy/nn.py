@@ -89,20 +89,23 @@ def _activate(xp, y, activation):
         gate = xp.clip(y / scalar(6, y.dtype) + scalar(0.5, y.dtype), scalar(0, y.dtype),
                        scalar(1, y.dtype))
         return xp.multiply(y, gate, out=y)
+    if activation == "Silu":  # the Sigmoid and the Mul it was fused from
+        return xp.multiply(y, sigmoid(y), out=y)
     raise ShapeError(f"unknown fused activation {activation!r}; expected Relu, Sigmoid, Tanh, "
-                     "HardSwish or Relu6")
+                     "HardSwish, Relu6 or Silu")
 
 
 def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=None, group=1,
                kernel_shape=None, pads=None, strides=None):
-    """Conv followed by ``activation`` (Relu, Sigmoid or Tanh) on its output, in place."""
+    """Conv followed by ``activation`` (one of onemodel.tensors' fused ACTIVATIONS) on its
+    output, in place."""
     y = conv(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
              kernel_shape=kernel_shape, pads=pads, strides=strides)
     return _activate(namespace(y), y, activation)
 
 
 def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0, transB=0):
-    """Gemm followed by ``activation`` (Relu, Sigmoid or Tanh)."""
+    """Gemm followed by ``activation`` (one of onemodel.tensors' fused ACTIVATIONS)."""
     y = gemm(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB)
     return _activate(namespace(y), y, activation)
 

@@ -20,7 +20,8 @@ import math
 
 import numpy as np
 
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.nn import _convt_geometry, _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
@@ -28,9 +29,10 @@ from onemodel.tensors.ops.specialize import CallSite, specializer
 from . import _jit, depthwise
 from ._jit import jit, pick, sync_threads
 from ._prefetch import prefetch
+from ._vecmath import sigmoid32
 
 U = np.uint64
-ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3, "HardSwish": 4, "Relu6": 5}
+ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3, "HardSwish": 4, "Relu6": 5, "Silu": 6}
 _COLS_BUDGET = 32 << 20  # bytes of im2col columns (or GEMM results) built at once
 _NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
 _UNSET = object()  # no constant input planned: no array is this
@@ -281,6 +283,9 @@ def _store_band(res, bias, has_bias, act, y, at, length):
         elif act == 5:
             for k in range(width):
                 y[U(dst + k)] = _relu6(rf[U(src + k)] + b, zero)
+        elif act == 6:
+            for k in range(width):
+                y[U(dst + k)] = _silu(rf[U(src + k)] + b, zero)
         else:
             for k in range(width):
                 y[U(dst + k)] = _activate(rf[U(src + k)] + b, act, zero)
@@ -341,12 +346,14 @@ def _col2im(dcols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, dx, by_image):
 @jit()
 def _activate(v, act, zero):
     """act: 0 none, 1 Relu (NaN passes, as in np.maximum), 2 Sigmoid (the stable form), 3 Tanh,
-    4 HardSwish, 5 Relu6 (Clip to 0 and 6; NaN passes); ``zero`` of v's dtype keeps float32
-    math in float32."""
+    4 HardSwish, 5 Relu6 (Clip to 0 and 6; NaN passes), 6 Silu (v * sigmoid(v)); ``zero`` of
+    v's dtype keeps float32 math in float32."""
     if act == 1:
         return zero if v < zero else v
     if act == 5:
         return _relu6(v, zero)
+    if act == 6:
+        return _silu(v, zero)
     if act == 2:
         one = zero + 1
         if v >= zero:
@@ -358,6 +365,27 @@ def _activate(v, act, zero):
     if act == 4:
         return _hard_swish(v, zero)
     return v
+
+
+def _silu(v, zero):
+    """v * sigmoid(v) in v's dtype (compiled per dtype, below)."""
+
+
+@overload(_silu)
+def _silu_typed(v, zero):
+    """float32: the sigmoid in arithmetic that vectorizes (``_vecmath``; a loop of it runs in
+    vector lanes, where libm's exp is a call per element); float64: the stable form in libm.
+    -inf gives NaN, as the Sigmoid and the Mul it replaces (-inf * 0)."""
+    if v == types.float32:
+        return lambda v, zero: v * sigmoid32(v)
+
+    def stable(v, zero):
+        one = zero + 1
+        if v >= zero:
+            return v * (one / (one + np.exp(-v)))
+        e = np.exp(v)
+        return v * (e / (one + e))
+    return stable
 
 
 @jit()
@@ -461,6 +489,9 @@ def _store_activated(src, s0, dst, d0, count, act, zero):
     elif act == 5:
         for k in range(count):
             dst[U(d0 + k)] = _relu6(src[U(s0 + k)], zero)
+    elif act == 6:
+        for k in range(count):
+            dst[U(d0 + k)] = _silu(src[U(s0 + k)], zero)
     else:
         for k in range(count):
             dst[U(d0 + k)] = _activate(src[U(s0 + k)], act, zero)
@@ -481,6 +512,9 @@ def _activate_in_place(a, a0, count, act, zero):
     elif act == 5:
         for k in range(count):
             a[U(a0 + k)] = _relu6(a[U(a0 + k)], zero)
+    elif act == 6:
+        for k in range(count):
+            a[U(a0 + k)] = _silu(a[U(a0 + k)], zero)
     elif act != 0:
         for k in range(count):
             a[U(a0 + k)] = _activate(a[U(a0 + k)], act, zero)
@@ -740,6 +774,9 @@ def _epilogue(y, bias, has_bias, act):
         elif act == 5:
             for k in range(length):
                 yf[U(base + k)] = _relu6(yf[U(base + k)] + b, zero)
+        elif act == 6:
+            for k in range(length):
+                yf[U(base + k)] = _silu(yf[U(base + k)] + b, zero)
         else:
             for k in range(length):
                 yf[U(base + k)] = _activate(yf[U(base + k)] + b, act, zero)
@@ -772,6 +809,10 @@ def _bias_act(y, bias, has_bias, act):
             for j in range(n):
                 v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)
                 yf[U(base + j)] = _relu6(v, zero)
+        elif act == 6:
+            for j in range(n):
+                v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)
+                yf[U(base + j)] = _silu(v, zero)
         else:
             for j in range(n):
                 v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)
@@ -818,6 +859,9 @@ def _scatter(res, bias, has_bias, act, y):
         elif act == 5:
             for k in range(length):
                 yf[U(dst + k)] = _relu6(rf[U(src + k)] + b, zero)
+        elif act == 6:
+            for k in range(length):
+                yf[U(dst + k)] = _silu(rf[U(src + k)] + b, zero)
         else:
             for k in range(length):
                 yf[U(dst + k)] = _activate(rf[U(src + k)] + b, act, zero)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-_ACTIVATIONS = ("", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6")  # conv.ACT_CODES, numba-free
+_ACTIVATIONS = ("", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6", "Silu")  # conv.ACT_CODES, numba-free
 
 
 def _float(*arrays) -> bool:
@@ -27,8 +27,8 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
 
 
 def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0, transB=0):
-    """FusedGemm of float32/float64 2-D matrices with Relu, Sigmoid, Tanh or HardSwish, no
-    scaling, and a bias row of the same dtype (or none)."""
+    """FusedGemm of float32/float64 2-D matrices with Relu, Sigmoid, Tanh, HardSwish, Relu6 or
+    Silu, no scaling, and a bias row of the same dtype (or none)."""
     return A.ndim == 2 and B.ndim == 2 and _float(A, B, C) and alpha == 1.0 and beta == 1.0 \
         and activation in _ACTIVATIONS[1:] and (C is None or C.ndim == 1)
 

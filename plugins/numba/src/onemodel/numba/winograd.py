@@ -24,8 +24,9 @@ from ._jit import jit
 
 # _output compiles conv._activate_in_place into its own machine code, and numba's on-disk cache
 # revalidates that code by this file's time stamp only: when the activations change there
-# (Relu6, activation code 5, came in the thirteenth round), this file must change too, or a
-# cache filled before would keep the old epilogue (Relu6 then left unclipped on this path)
+# (Relu6, code 5, came in the thirteenth round; Silu, code 6, in the twenty-first), this
+# file must change too, or a cache filled before would keep the old epilogue (Relu6 then left
+# unclipped on this path)
 from .conv import _PLANES_PER_TASK, U, _activate_in_place
 
 MIN_CHANNELS = 32

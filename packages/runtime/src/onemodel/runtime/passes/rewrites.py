@@ -134,9 +134,9 @@ class MatMulAddToGemm(Pass):
 
 class ActivationFusion(Pass):
     name = "activation-fusion"
-    changes = ("fuses Relu, Sigmoid, Tanh, HardSwish, or Clip to constant bounds 0 and 6 "
-               "(ReLU6, activation Relu6), into the Conv or Gemm before it (FusedConv, "
-               "FusedGemm)")
+    changes = ("fuses Relu, Sigmoid, Tanh, HardSwish, Clip to constant bounds 0 and 6 "
+               "(ReLU6, activation Relu6), or a Sigmoid and the Mul of the value by it (SiLU, "
+               "activation Silu), into the Conv or Gemm before it (FusedConv, FusedGemm)")
 
     def run(self, graph: Graph) -> PassResult:
         uses = Uses(graph)
@@ -145,10 +145,15 @@ class ActivationFusion(Pass):
         for node in list(graph.nodes):
             if node.op not in ("Conv", "Gemm"):
                 continue
-            act = uses.sole_consumer(node.outputs[0])
-            name = _activation(graph, act, node.outputs[0])
+            value = node.outputs[0]
+            act = uses.sole_consumer(value)
+            name = _activation(graph, act, value)
+            gone = [act]
             if name is None:
-                continue
+                silu = _silu(uses, value)
+                if silu is None:
+                    continue
+                name, act, gone = "Silu", silu[1], list(silu)
             if specs is None:
                 specs = graph.validate(allow_unknown=True)
             fused = Node("Fused" + node.op, list(node.inputs), list(act.outputs),
@@ -159,9 +164,28 @@ class ActivationFusion(Pass):
             graph.nodes[at] = fused
             for o in fused.outputs:
                 uses.producer[o] = fused
-            graph.nodes.remove(act)
+            for n in gone:
+                graph.nodes.remove(n)
             done += 1
         return PassResult(done)
+
+
+def _silu(uses: Uses, value: str) -> tuple[Node, Node] | None:
+    """(the Sigmoid, the Mul) when ``value`` is read by exactly a Sigmoid of it and a Mul of
+    it by that Sigmoid's output (in either order), which nothing else reads: x * sigmoid(x)."""
+    if value in uses.outputs:
+        return None
+    readers = uses.readers.get(value, ())
+    if len(readers) != 2:
+        return None
+    sig = next((n for n in readers if n.op == "Sigmoid"), None)
+    mul = next((n for n in readers if n.op == "Mul"), None)
+    if sig is None or mul is None or sig.inputs[0] != value:
+        return None
+    gate = sig.outputs[0]
+    if sorted(mul.inputs) != sorted([value, gate]) or uses.sole_consumer(gate) is not mul:
+        return None
+    return sig, mul
 
 
 def _activation(graph: Graph, act: Node | None, value: str) -> str | None:

@@ -17,8 +17,18 @@ from .nn import _conv_shape, conv, layer_normalization
 from .specialize import CallSite, specialize, specializer
 
 # "Relu6" is Clip(x, 0, 6) (MobileNetV2's ReLU6): activation fusion takes a Clip with those
-# constant bounds, as onnxruntime fuses its Clip into the convolution
-ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6")
+# constant bounds, as onnxruntime fuses its Clip into the convolution. "Silu" is x * Sigmoid(x)
+# (EfficientNet's and YOLO's SiLU, exported as a Sigmoid and a Mul reading the same value)
+ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6", "Silu")
+
+
+def _sigmoid(y: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-y)) into ``out`` without overflow warnings: exp of -|y| only."""
+    e = np.exp(-np.abs(y))
+    pos = y >= 0
+    np.divide(1, 1 + e, out=out, where=pos)
+    np.divide(e, 1 + e, out=out, where=~pos)
+    return out
 
 
 def _activate(y: np.ndarray, activation: str) -> np.ndarray:
@@ -27,12 +37,9 @@ def _activate(y: np.ndarray, activation: str) -> np.ndarray:
     if activation == "Tanh":
         return np.tanh(y, out=y)
     if activation == "Sigmoid":
-        # 1 / (1 + exp(-y)) without overflow warnings: exp of -|y| only
-        e = np.exp(-np.abs(y))
-        pos = y >= 0
-        np.divide(1, 1 + e, out=y, where=pos)
-        np.divide(e, 1 + e, out=y, where=~pos)
-        return y
+        return _sigmoid(y, y)
+    if activation == "Silu":  # as the Sigmoid and the Mul compute it (-inf gives NaN there too)
+        return np.multiply(y, _sigmoid(y, np.empty_like(y)), out=y)
     if activation == "Relu6":  # as the Clip op computes it (NaN stays NaN)
         return np.clip(y, y.dtype.type(0), y.dtype.type(6), out=y)
     if activation == "HardSwish":  # MobileNetV3's; the formula of the HardSwish op
@@ -48,7 +55,7 @@ def _fused_conv_shape(specs, *, activation="Relu", **attrs):
 @defop("FusedConv", shape=_fused_conv_shape, domain="onemodel")
 def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=None, group=1,
                kernel_shape=None, pads=None, strides=None):
-    """Conv followed by ``activation`` (Relu, Sigmoid, Tanh, HardSwish or Relu6)."""
+    """Conv followed by ``activation`` (Relu, Sigmoid, Tanh, HardSwish, Relu6 or Silu)."""
     y = conv.kernel(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
                     kernel_shape=kernel_shape, pads=pads, strides=strides)
     return _activate(y, activation)
