@@ -27,7 +27,7 @@ def cache_dir() -> str:
 _built_against: list[str] = []
 
 
-def _package_digest() -> str:
+def package_digest() -> str:
     """A digest of this package's own sources. numba's cache revalidates a function by its
     file's time stamp only, not those of the functions it calls in other files: a generated
     file left unchanged would keep machine code compiled against an older ``_activate`` after
@@ -45,7 +45,7 @@ def load(name: str, source: str) -> ModuleType:
     """The module ``name`` made of ``source``: the file is (re)written atomically when missing
     or different, so concurrent processes never import half a file. Callers hold their own lock
     and memoize the result."""
-    source = f"{source}\n# built against onemodel.numba sources {_package_digest()}\n"
+    source = f"{source}\n# built against onemodel.numba sources {package_digest()}\n"
     path = os.path.join(cache_dir(), name + ".py")
     if not os.path.exists(path) or Path(path).read_text() != source:
         tmp = f"{path}.{os.getpid()}.tmp"

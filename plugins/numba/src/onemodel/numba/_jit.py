@@ -36,6 +36,11 @@ os.environ.setdefault(_POLICY, "PASSIVE")
 import numba  # noqa: E402
 from onemodel.tensors import threads  # noqa: E402
 
+from . import _cache  # noqa: E402
+
+# before any kernel module's machine code is loaded: files cached from other sources go
+_cache.drop_stale()
+
 if AVOID_OPENMP and numba.config.THREADING_LAYER == "default":
     # read when numba's pool starts (the first parallel call or set_num_threads), not before;
     # numba wants every layer named, so OpenMP goes last (workqueue is always there)

@@ -29,9 +29,9 @@ import numpy as np
 from ._jit import jit
 from ._simd import fma8, host_has_fma, load8, splat8, store8
 
-# the kernels compile conv._activate_in_place into their own machine code, and numba's
-# on-disk cache revalidates that by this file's time stamp only: a change to the activations
-# there must come with a change here (as in winograd.py; last: Silu, code 6, twenty-first round)
+# the kernels compile conv._activate_in_place into their own machine code; numba would keep
+# that code cached after a change to conv.py alone, so the package's cache is dropped
+# whenever any of its sources change (_cache.py)
 from .conv import U, _activate_in_place
 
 PIXEL_LANES_ALWAYS = 16  # pixels in a plane

@@ -27,9 +27,9 @@ from ._jit import jit
 from ._prefetch import prefetch
 from ._simd import fma8, host_has_fma, load8, splat8, store8, transpose8x8
 
-# _tiles compiles conv._activate_in_place into its own machine code, and numba's on-disk cache
-# revalidates that by this file's time stamp only: a change to the activations there must
-# come with a change here (as in winograd.py; last: Silu, code 6, twenty-first round)
+# _tiles compiles conv._activate_in_place into its own machine code; numba would keep that
+# code cached after a change to conv.py alone, so the package's cache is dropped whenever
+# any of its sources change (_cache.py)
 from .conv import PreparedCall, U, _activate_in_place
 
 BLOCK = 32  # output channels per tile: four vectors of eight

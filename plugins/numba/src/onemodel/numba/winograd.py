@@ -22,11 +22,9 @@ from numba import prange
 
 from ._jit import jit
 
-# _output compiles conv._activate_in_place into its own machine code, and numba's on-disk cache
-# revalidates that code by this file's time stamp only: when the activations change there
-# (Relu6, code 5, came in the thirteenth round; Silu, code 6, in the twenty-first), this
-# file must change too, or a cache filled before would keep the old epilogue (Relu6 then left
-# unclipped on this path)
+# _output compiles conv._activate_in_place into its own machine code; numba would keep that
+# code cached after a change to conv.py alone, so the package's cache is dropped whenever
+# any of its sources change (_cache.py)
 from .conv import _PLANES_PER_TASK, U, _activate_in_place
 
 MIN_CHANNELS = 32
