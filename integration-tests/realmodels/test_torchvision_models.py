@@ -146,6 +146,30 @@ def test_register_tiles_agree_with_onnxruntime(monkeypatch, model, inputs):
 
 
 @pytest.mark.torch
+def test_squeezenet_with_pooling_lanes_agrees_with_onnxruntime(monkeypatch):
+    """SqueezeNet at 2x3x64x64: its 3x3/2 ceil_mode MaxPools over 15x15 and 7x7 planes run
+    with eight channels in vector lanes (numba plugin, one thread, AVX2 and FMA); the whole
+    network agrees with onnxruntime."""
+    pooled = []
+    try:
+        from onemodel.numba import pool_lanes
+    except ImportError:  # the core without the plugin: the reference kernels
+        pool_lanes = None
+    else:
+        real = pool_lanes.geometry
+
+        def geometry(shape, *args):
+            found = real(shape, *args)
+            if found is not None:
+                pooled.append(tuple(shape))
+            return found
+        monkeypatch.setattr(pool_lanes, "geometry", geometry)
+    _agrees_with_onnxruntime("tv_squeezenet", (2, 3, 64, 64), seed=9)
+    if pool_lanes is not None and pool_lanes.host_has_fma():
+        assert {(2, 128, 15, 15), (2, 256, 7, 7)} <= set(pooled), sorted(set(pooled))
+
+
+@pytest.mark.torch
 def test_efficientnet_with_silu_fused_and_channel_lanes_agrees_with_onnxruntime(monkeypatch):
     """EfficientNet-B0 at 2x3x64x64: each of its 49 SiLUs (a Sigmoid and a Mul reading the
     convolution's output) runs as the convolution's activation, and its 1x1 convolutions over

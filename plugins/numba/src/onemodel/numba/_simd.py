@@ -119,6 +119,21 @@ def fma8(typingctx, a, b, c):
     return f32x8(f32x8, f32x8, f32x8), codegen
 
 
+@intrinsic
+def max8(typingctx, a, v):
+    """``v`` in the lanes where it is greater than ``a`` or NaN, ``a`` elsewhere: a running
+    maximum in which NaN wins and stays, and ties keep the earlier value (the pooling
+    kernels' ``a = v if (v > a) | (v != v) else a``, one compare and select a lane)."""
+    if not (a == v == f32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a_, v_ = args
+        take = builder.or_(builder.fcmp_ordered(">", v_, a_), builder.fcmp_unordered("uno", v_, v_))
+        return builder.select(take, v_, a_)
+    return f32x8(f32x8, f32x8), codegen
+
+
 def _shuffled(builder, a, b, lanes):
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), LANES), lanes))
 
