@@ -27,6 +27,17 @@ def parallel_variants(monkeypatch):
 
 
 @pytest.fixture
+def serial(monkeypatch):
+    """Serial kernels and plans, as with one thread: the kernels chosen on one thread only
+    (register tiles, lanes, panels, Winograd, bands) are planned. The thread setting is synced
+    first, or a later sync would set the mode back."""
+    from onemodel.numba import _jit
+
+    _jit.sync_threads()
+    monkeypatch.setattr(_jit, "_parallel", False)
+
+
+@pytest.fixture
 def no_small_convolutions(monkeypatch):
     """Convolution tests' cases are small: without this, most would take the one-call
     small-convolution kernel (tested in test_conv_small.py) instead of the path they test.

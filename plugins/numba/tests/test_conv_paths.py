@@ -207,16 +207,7 @@ def test_chunks_forward_and_gradients(xs, ws, attrs, small_chunks):
 
 
 @pytest.fixture
-def one_thread(monkeypatch):
-    """Serial kernels, as with one thread (bands are built only then)."""
-    from onemodel.numba import _jit
-
-    _jit.sync_threads()  # first, or a later sync would set it back
-    monkeypatch.setattr(_jit, "_parallel", False)
-
-
-@pytest.fixture
-def small_bands(monkeypatch, one_thread):
+def small_bands(monkeypatch, serial):  # bands are built on one thread only
     """Bands of a few output rows (about 700 bytes of columns), for any size of columns."""
     monkeypatch.setattr(conv, "_BAND_MIN_COLUMNS", 0)
     monkeypatch.setattr(conv, "_BAND_BYTES", 700)
@@ -249,7 +240,7 @@ def test_bands_of_output_rows_match_the_reference(xs, ws, attrs, dtype, small_ba
         np.testing.assert_allclose(out, want, **TOL[dtype])
 
 
-def test_bands_with_the_default_sizes(one_thread):
+def test_bands_with_the_default_sizes(serial):
     """A plane whose columns pass the default threshold (8 MiB for 1x16x120x120, 3x3) goes by
     bands on one thread and matches the reference; wide outputs never do."""
     x, w, b = conv_arrays((1, 16, 120, 120), (24, 16, 3, 3), np.float32, seed=10)
@@ -261,7 +252,7 @@ def test_bands_with_the_default_sizes(one_thread):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-def test_cached_chunks_on_one_thread(dtype, one_thread, monkeypatch):
+def test_cached_chunks_on_one_thread(dtype, serial, monkeypatch):
     """On one thread a batch whose columns have many rows goes by one GEMM per chunk of
     images (about 1 MiB of columns; here a few KB, so chunks of two and a last of one):
     forward and both gradients match the reference. On more threads the plan is unchanged."""

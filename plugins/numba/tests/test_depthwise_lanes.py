@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conv_arrays import assert_call_agrees, conv_arrays, file_constant
 
-from onemodel.numba import _jit, conv, depthwise_lanes
+from onemodel.numba import conv, depthwise_lanes
 from onemodel.numba._simd import host_has_fma
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
@@ -29,11 +29,9 @@ PLANNED: list[tuple] = []  # the inputs whose planned calls were laid out for th
 
 
 @pytest.fixture(autouse=True)
-def one_thread(monkeypatch, no_small_convolutions):
+def one_thread(monkeypatch, no_small_convolutions, serial):
     """Serial kernels (the lanes run on one thread only), small shapes admitted; the planned
     calls that take the lanes recorded."""
-    _jit.sync_threads()
-    monkeypatch.setattr(_jit, "_parallel", False)
 
     class Recorded(depthwise_lanes.Geometry):
         def __init__(self, plan, xshape):

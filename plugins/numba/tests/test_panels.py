@@ -18,15 +18,9 @@ from onemodel.numba._simd import host_has_fma
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
-pytestmark = pytest.mark.skipif(not host_has_fma(), reason="this CPU has no AVX2/FMA: "
-                                "the panels are never chosen")
-
-
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    """Serial kernels (the panels run on one thread only)."""
-    _jit.sync_threads()
-    monkeypatch.setattr(_jit, "_parallel", False)
+pytestmark = [pytest.mark.skipif(not host_has_fma(), reason="this CPU has no AVX2/FMA: "
+                                "the panels are never chosen"),
+              pytest.mark.usefixtures("serial")]  # the kernels run on one thread only
 
 
 def _file_constant(a: np.ndarray) -> np.ndarray:

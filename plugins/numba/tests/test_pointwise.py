@@ -18,19 +18,13 @@ from onemodel.numba._simd import host_has_fma
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
-pytestmark = pytest.mark.skipif(not host_has_fma(), reason="this CPU has no AVX2/FMA: "
-                                "the kernels are never chosen")
+pytestmark = [pytest.mark.skipif(not host_has_fma(), reason="this CPU has no AVX2/FMA: "
+                                "the kernels are never chosen"),
+              pytest.mark.usefixtures("serial")]  # the kernels run on one thread only
 
 ACTIVATIONS = {0: "", 1: "Relu", 2: "Sigmoid", 3: "Tanh", 4: "HardSwish", 5: "Relu6",
                6: "Silu"}
 TOL = 5e-6  # relative to the output's scale
-
-
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    """Serial kernels (the tiles run on one thread only)."""
-    _jit.sync_threads()
-    monkeypatch.setattr(_jit, "_parallel", False)
 
 
 def _expected(x, w, b, act):

@@ -18,15 +18,9 @@ from onemodel.tensors import OneModelError
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
-pytestmark = pytest.mark.skipif(not host_has_fma(), reason="this CPU has no AVX2/FMA: "
-                                "the kernel is never chosen")
-
-
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    """The serial plan (the lanes run on one thread only)."""
-    _jit.sync_threads()
-    monkeypatch.setattr(_jit, "_parallel", False)
+pytestmark = [pytest.mark.skipif(not host_has_fma(), reason="this CPU has no AVX2/FMA: "
+                                "the kernel is never chosen"),
+              pytest.mark.usefixtures("serial")]  # the kernels run on one thread only
 
 
 def _site(xs, attrs, dtype=np.float32):

@@ -25,10 +25,8 @@ RULE_MIN_TAPS = tiled.MIN_TAPS  # (the fixture below admits any number of taps)
 
 
 @pytest.fixture(autouse=True)
-def one_thread(monkeypatch, no_small_convolutions):
+def one_thread(monkeypatch, no_small_convolutions, serial):
     """Serial kernels (the tiles run on one thread only), small shapes admitted."""
-    _jit.sync_threads()
-    monkeypatch.setattr(_jit, "_parallel", False)
     monkeypatch.setattr(tiled, "MIN_TAPS", 1)
     monkeypatch.setattr(tiled, "POINTWISE_MIN_WEIGHTS", 0)
 

@@ -20,10 +20,8 @@ TOL = {np.float32: 5e-6, np.float64: 1e-12}
 
 
 @pytest.fixture(autouse=True)
-def one_thread(monkeypatch, no_small_convolutions):
+def one_thread(monkeypatch, no_small_convolutions, serial):
     """Serial kernels (Winograd runs on one thread only), small shapes admitted."""
-    _jit.sync_threads()
-    monkeypatch.setattr(_jit, "_parallel", False)
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 4)
     monkeypatch.setattr(winograd, "MIN_PLANE", 4)
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from numba import njit
+
 from ._jit import jit
 from ._simd import fma8, host_has_fma, load8, store8, transpose8x8
 
@@ -100,6 +102,20 @@ def copy_out(res, of, dst, length):
         p += 1
 
 
+@njit(cache=True, inline="always")
+def store_eight(res, r0, a0, a1, a2, a3, a4, a5, a6, a7):
+    """Eight pixels' vectors of eight channels to ``res[r0:r0 + 64]``, one after another
+    (channels-last); inlined into the kernels' tiles, whose sums live in registers."""
+    store8(res, U(r0), a0)
+    store8(res, U(r0 + 8), a1)
+    store8(res, U(r0 + 16), a2)
+    store8(res, U(r0 + 24), a3)
+    store8(res, U(r0 + 32), a4)
+    store8(res, U(r0 + 40), a5)
+    store8(res, U(r0 + 48), a6)
+    store8(res, U(r0 + 56), a7)
+
+
 @jit()
 def lanes(x, wtt, taps, pix, into, hp, wq, bias, has_bias, act, out):
     """out[n, c] = act(bias[c] + sum over the taps of wtt[tap, c] * x[n, c] (window)), with
@@ -137,15 +153,7 @@ def lanes(x, wtt, taps, pix, into, hp, wq, bias, has_bias, act, out):
                     a5 = fma8(load8(plane, U(p5 + o)), wv, a5)
                     a6 = fma8(load8(plane, U(p6 + o)), wv, a6)
                     a7 = fma8(load8(plane, U(p7 + o)), wv, a7)
-                r0 = p * 8
-                store8(res, U(r0), a0)
-                store8(res, U(r0 + 8), a1)
-                store8(res, U(r0 + 16), a2)
-                store8(res, U(r0 + 24), a3)
-                store8(res, U(r0 + 32), a4)
-                store8(res, U(r0 + 40), a5)
-                store8(res, U(r0 + 48), a6)
-                store8(res, U(r0 + 56), a7)
+                store_eight(res, p * 8, a0, a1, a2, a3, a4, a5, a6, a7)
                 p += 8
             while p < length:  # the last pixels, one at a time
                 a0 = start

@@ -898,19 +898,18 @@ def _max_lanes_at(site: CallSite):
         return None
     shape, dtype, oshape, _plan = planned
     a = site.attrs
+    k = _tuple(a.get("kernel_shape", ()))
     try:
         s, pb, _pe, d, out_hw, _extra = _geometry(
-            shape[2:], _tuple(a.get("kernel_shape", ())), _tuple(a.get("strides")),
-            _tuple(a.get("pads")), _tuple(a.get("dilations")), a.get("auto_pad", "NOTSET"),
-            int(a.get("ceil_mode", 0)))
+            shape[2:], k, _tuple(a.get("strides")), _tuple(a.get("pads")),
+            _tuple(a.get("dilations")), a.get("auto_pad", "NOTSET"), int(a.get("ceil_mode", 0)))
     except Exception:  # attributes the generic call refuses: it names the problem
         return None
-    if _tuple(a.get("kernel_shape", ())) == (2, 2) and tuple(s) == (2, 2):
+    if k == (2, 2) and tuple(s) == (2, 2):
         return None  # the NCHW 2x2 kernel's tiles are as fast (2x64x16x16: 1.04x)
     from . import pool_lanes
 
-    geo = pool_lanes.geometry(shape, tuple(out_hw), tuple(s), tuple(pb), tuple(d),
-                              _tuple(a.get("kernel_shape", ())))
+    geo = pool_lanes.geometry(shape, tuple(out_hw), tuple(s), tuple(pb), tuple(d), k)
     if geo is None:
         return None
     tail = (geo.taps, geo.pix, geo.into, geo.hp, geo.wq)

@@ -21,7 +21,7 @@ import numpy as np
 from ._jit import jit
 from ._simd import host_has_fma, load8, max8, store8
 from .conv import U
-from .depthwise_lanes import Geometry, copy_in, copy_out
+from .depthwise_lanes import Geometry, copy_in, copy_out, store_eight
 
 MAX_PLANE_BYTES = 1 << 20  # one block's bordered plane (eight channels)
 # pixels of an input plane: past 16x16 the copies into and out of the lanes cost more than the
@@ -96,15 +96,7 @@ def max_lanes(x, taps, pix, into, hp, wq, out):
                     a5 = max8(a5, load8(plane, U(p5 + o)))
                     a6 = max8(a6, load8(plane, U(p6 + o)))
                     a7 = max8(a7, load8(plane, U(p7 + o)))
-                r0 = p * 8
-                store8(res, U(r0), a0)
-                store8(res, U(r0 + 8), a1)
-                store8(res, U(r0 + 16), a2)
-                store8(res, U(r0 + 24), a3)
-                store8(res, U(r0 + 32), a4)
-                store8(res, U(r0 + 40), a5)
-                store8(res, U(r0 + 48), a6)
-                store8(res, U(r0 + 56), a7)
+                store_eight(res, p * 8, a0, a1, a2, a3, a4, a5, a6, a7)
                 p += 8
             while p < length:  # the last pixels, one at a time
                 p0 = pix[U(p)]
