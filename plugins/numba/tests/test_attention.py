@@ -1,7 +1,7 @@
 """The numba FusedAttention kernel against the op's reference kernel (the unfused ops in turn)
-and PyTorch's scaled_dot_product_attention: both paths (one pass per query row, BLAS
-products), strided views as exported graphs hand them over, broadcast masks, float32 and
-float64, blocked and NaN rows."""
+and PyTorch's scaled_dot_product_attention: the three paths (float32 register tiles, one
+pass per query row, BLAS products), strided views as exported graphs hand them over,
+broadcast masks, float32 and float64, blocked and NaN rows."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def _tol(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("seq,head", [(5, 8), (9, 16), (33, 16)])  # 33: BLAS products
+# float32: 5, 9 and 17 the lanes (17 by 20: V's rows end inside a vector), 33 BLAS products;
+# float64: 5 one pass per row, the others BLAS (test_each_shape_takes_its_path)
+@pytest.mark.parametrize("seq,head", [(5, 8), (9, 16), (17, 20), (33, 16)])
 @pytest.mark.parametrize("layout", ["view", "contiguous"])
 @pytest.mark.parametrize("mask_shape", [None, (2, 1, 1, "s"), ("s", "s"), (1, 3, "s", "s"),
                                         (2, 3, "s", 1)])
@@ -58,7 +60,18 @@ def test_equals_reference_and_torch(dtype, seq, head, layout, mask_shape):
     np.testing.assert_array_equal(out, got)
 
 
-@pytest.mark.parametrize("seq", [4, 40])
+def test_each_shape_takes_its_path():
+    f32, f64 = np.float32, np.float64
+    for seq, head, dtype, path in ((5, 8, f32, "lanes"), (17, 20, f32, "lanes"),
+                                   (40, 8, f32, "lanes"), (33, 16, f32, "blas"),
+                                   (64, 8, f32, "blas"), (2, 64, f32, "rows"),
+                                   (9, 64, f32, "blas"), (5, 8, f64, "rows"),
+                                   (17, 20, f64, "blas")):
+        shape = (2, 3, seq, head)
+        assert attention._path(shape, (2, 3, head, seq), shape, dtype) == path, (seq, head)
+
+
+@pytest.mark.parametrize("seq", [4, 40, 64])  # the lanes, the lanes, BLAS products
 def test_blocked_and_nan_rows_give_nan_as_the_unfused_softmax(seq):
     q = _heads(1, seq, 2, 8, np.float32, "view")
     kt = _heads(1, seq, 2, 8, np.float32, "contiguous").transpose(0, 1, 3, 2)

@@ -1,12 +1,15 @@
 """FusedAttention (float32/float64): softmax(Q @ Kt * scale + mask) @ V.
 
-Small heads (the scores of a head fit in a few thousand multiply-adds) take one kernel that
-works a query row at a time: its scores, their softmax and the weighted sum of V's rows, with
-the row in a scratch buffer, reading Q, Kt, V and the mask through their strides (the
-transposed views exported graphs hand over are never copied) and broadcasting the mask by
-index. Larger heads keep their products in BLAS: Q @ Kt into one scores array, the scale and
-the mask added in place, the softmax of its rows (softmax.py's kernels) into a second array,
-then the product with V into the output."""
+float32 heads of up to 32 K multiply-adds with rows of Q and V of at most 32 take register
+tiles of eight lanes (:func:`_attention_lanes`): the products four rows by eight lanes, one
+flat exp over the head's scores. Other small heads (a few thousand multiply-adds: float64,
+hosts without FMA, longer rows) take one kernel that works a query row at a time: its
+scores, their softmax and the weighted sum of V's rows, with the row in a scratch buffer,
+reading Q, Kt, V and the mask through their strides (the transposed views exported graphs
+hand over are never copied) and broadcasting the mask by index. Larger heads keep their
+products in BLAS: Q @ Kt into one scores array, the scale and the mask added in place, the
+softmax of its rows (softmax.py's kernels) into a second array, then the product with V
+into the output."""
 
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from numba import prange
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
 from ._jit import jit, pick, sync_threads
+from ._simd import fma8, host_has_fma, load8, splat8, store8
+from ._vecmath import _BIAS, _EXP_LOW, _FIELD, _float32_from_bits, exp_reduced
 from .softmax import rows_kernel
 from .support import attention as supports
 
@@ -25,6 +30,11 @@ U = np.uint64
 # multiply-adds per head (Sq * Sk * (D + Dv)) up to which the one-pass kernel runs; above it
 # the scores go through BLAS (measured: see docs/benchmarks.md, "Sixth round")
 ROWS_MAX_WORK = 1024
+# the lanes kernel's reach: heads of at most this much work and Q's and V's rows at most
+# this long (its per-head copies of Kt and V cost more than BLAS's products past them)
+LANES_MAX_WORK = 32 << 10
+LANES_MAX_DEPTH = 32
+_LOWEST = _EXP_LOW  # log of the smallest normal float32: exp below it is taken as 0
 
 
 @jit(parallel=True)
@@ -102,6 +112,120 @@ def _attention_rows(q, kt, v, mask, has_mask, scale, scratch, out):
 
 
 @jit(parallel=True)
+def _attention_lanes(q, kt, v, mask, has_mask, scale, scratch, out):
+    """float32 ``out[b, h] = softmax(q[b, h] @ kt[b, h] * scale + mask) @ v[b, h]`` on register
+    tiles of eight lanes (:mod:`._simd`, AVX2/FMA). Per head: Kt and V are copied into panels
+    whose rows are padded to eight with zeros; the scores are four query rows by eight keys
+    per tile (a broadcast of Q, a load of the panel, four fused multiply-adds per step of D);
+    each row's maximum is subtracted, then one flat exp runs over the head's rows (loops of 5
+    or 17 keys would run in their scalar remainder), then each row's float64 sum scales it;
+    the output is four rows by eight of V's columns per tile. A row holding NaN, or whose
+    largest score is infinite, gives NaN, as the unfused Softmax does."""
+    nb, nh, sq, d = q.shape
+    sk = kt.shape[3]
+    dv = v.shape[3]
+    skp = (sk + 7) // 8 * 8
+    dvp = (dv + 7) // 8 * 8
+    mb = mask.shape[0] > 1
+    mh = mask.shape[1] > 1
+    mi = mask.shape[2] > 1
+    mj = mask.shape[3] > 1
+    per = d * skp + sk * dvp + 2 * sq * skp + 4 * dvp + sq
+    zero = np.float32(0.0)
+    for t in prange(nb * nh):
+        b = t // nh
+        h = t - b * nh
+        bm = b if mb else 0
+        hm = h if mh else 0
+        # Kt (d, skp), V (sk, dvp), the scores and their 2**n (sq, skp), a tile (4, dvp), and
+        # a flag per row (1 where the row is NaN)
+        ko = t * per
+        vo = ko + d * skp
+        so = vo + sk * dvp
+        po = so + sq * skp
+        to = po + sq * skp
+        fo = to + 4 * dvp
+        for e in range(d):
+            for j in range(sk):
+                scratch[U(ko + e * skp + j)] = kt[b, h, e, j]
+            for j in range(sk, skp):
+                scratch[U(ko + e * skp + j)] = zero
+        for j in range(sk):
+            for e in range(dv):
+                scratch[U(vo + j * dvp + e)] = v[b, h, j, e]
+            for e in range(dv, dvp):
+                scratch[U(vo + j * dvp + e)] = zero
+        zero8 = splat8(zero)
+        for jc in range(0, skp, 8):
+            for i in range(0, sq, 4):  # past the last row, the last row again (stored alike)
+                i1, i2, i3 = min(i + 1, sq - 1), min(i + 2, sq - 1), min(i + 3, sq - 1)
+                a0, a1, a2, a3 = zero8, zero8, zero8, zero8
+                for e in range(d):
+                    kv = load8(scratch, U(ko + e * skp + jc))
+                    a0 = fma8(splat8(q[b, h, i, e]), kv, a0)
+                    a1 = fma8(splat8(q[b, h, i1, e]), kv, a1)
+                    a2 = fma8(splat8(q[b, h, i2, e]), kv, a2)
+                    a3 = fma8(splat8(q[b, h, i3, e]), kv, a3)
+                store8(scratch, U(so + i * skp + jc), a0)
+                store8(scratch, U(so + i1 * skp + jc), a1)
+                store8(scratch, U(so + i2 * skp + jc), a2)
+                store8(scratch, U(so + i3 * skp + jc), a3)
+        for i in range(sq):
+            im = i if mi else 0
+            row = so + i * skp
+            m = zero
+            nan = 0
+            for j in range(sk):
+                w = scratch[U(row + j)] * scale
+                if has_mask:
+                    w += mask[bm, hm, im, j if mj else 0]
+                scratch[U(row + j)] = w
+                m = w if (j == 0 or w > m) else m
+                nan += w != w
+            bad = nan > 0 or not (abs(m) < np.inf)
+            scratch[U(fo + i)] = 1.0 if bad else zero
+            for j in range(sk):  # a NaN row's exps taken of zeros (NaN has no int exponent)
+                scratch[U(row + j)] = zero if bad else scratch[U(row + j)] - m
+            for j in range(sk, skp):  # the padding's exps are taken, never read: kept finite
+                scratch[U(row + j)] = zero
+        n = sq * skp
+        for k in range(n):
+            x = scratch[U(so + k)]
+            low = x < _LOWEST
+            x = _LOWEST if low else x
+            e, p = exp_reduced(x)
+            scratch[U(so + k)] = zero if low else p
+            scratch[U(po + k)] = _float32_from_bits(np.int32((e + _BIAS) * _FIELD))
+        for k in range(n):
+            scratch[U(so + k)] *= scratch[U(po + k)]
+        for i in range(sq):
+            row = so + i * skp
+            total = 0.0  # float64, as the row kernel's sum
+            for j in range(sk):
+                total += scratch[U(row + j)]
+            inv = np.float32(np.nan if scratch[U(fo + i)] != zero else 1.0 / total)
+            for j in range(sk):
+                scratch[U(row + j)] *= inv
+        for i in range(0, sq, 4):
+            i1, i2, i3 = min(i + 1, sq - 1), min(i + 2, sq - 1), min(i + 3, sq - 1)
+            for dc in range(0, dvp, 8):
+                a0, a1, a2, a3 = zero8, zero8, zero8, zero8
+                for j in range(sk):
+                    vv = load8(scratch, U(vo + j * dvp + dc))
+                    a0 = fma8(splat8(scratch[U(so + i * skp + j)]), vv, a0)
+                    a1 = fma8(splat8(scratch[U(so + i1 * skp + j)]), vv, a1)
+                    a2 = fma8(splat8(scratch[U(so + i2 * skp + j)]), vv, a2)
+                    a3 = fma8(splat8(scratch[U(so + i3 * skp + j)]), vv, a3)
+                store8(scratch, U(to + dc), a0)
+                store8(scratch, U(to + dvp + dc), a1)
+                store8(scratch, U(to + 2 * dvp + dc), a2)
+                store8(scratch, U(to + 3 * dvp + dc), a3)
+            for r in range(min(4, sq - i)):
+                for e in range(dv):
+                    out[b, h, i + r, e] = scratch[U(to + r * dvp + e)]
+
+
+@jit(parallel=True)
 def _scale_mask(x, mask, has_mask, scale):
     """x[b, h, i] = x[b, h, i] * scale + mask[...] in place (an axis of the 4-D mask of size 1
     broadcasts)."""
@@ -127,14 +251,23 @@ def _four_d(shape) -> tuple[int, ...]:
     return (1,) * (4 - len(shape)) + tuple(shape)
 
 
-def _run(q4, kt4, v4, m4, has_mask, scale, out4, rows: bool):
-    """The attention of 4-D views; ``out4`` C-contiguous (B, H, Sq, Dv)."""
+def _run(q4, kt4, v4, m4, has_mask, scale, out4, path: str):
+    """The attention of 4-D views by ``path`` (:func:`_path`); ``out4`` C-contiguous
+    (B, H, Sq, Dv)."""
     if out4.size == 0:
         return
     if kt4.shape[3] == 0:  # no keys: softmax over nothing, an empty sum of V's rows
         out4[...] = 0
         return
-    if rows:
+    if path == "lanes":
+        nb, nh, sq, d = q4.shape
+        sk, dv = kt4.shape[3], v4.shape[3]
+        skp, dvp = -(-sk // 8) * 8, -(-dv // 8) * 8
+        scratch = np.empty(nb * nh * (d * skp + sk * dvp + 2 * sq * skp + 4 * dvp + sq),
+                           np.float32)
+        pick(_attention_lanes)(q4, kt4, v4, m4, has_mask, scale, scratch, out4)
+        return
+    if path == "rows":
         nb, nh, sq, d = q4.shape
         sk, dv = kt4.shape[3], v4.shape[3]
         scratch = np.empty(nb * nh * (sq * d + d * sk + sk * dv + sk + dv), out4.dtype)
@@ -152,8 +285,14 @@ def _run(q4, kt4, v4, m4, has_mask, scale, out4, rows: bool):
     np.matmul(probs, v4, out=out4)
 
 
-def _rows_wins(q_shape, kt_shape, v_shape) -> bool:
-    return q_shape[-2] * kt_shape[-1] * (q_shape[-1] + v_shape[-1]) <= ROWS_MAX_WORK
+def _path(q_shape, kt_shape, v_shape, dtype) -> str:
+    """"lanes" (:func:`_attention_lanes`), "rows" (:func:`_attention_rows`) or "blas":
+    where each measured fastest (docs/benchmarks.md, "Twenty-second round")."""
+    work = q_shape[-2] * kt_shape[-1] * (q_shape[-1] + v_shape[-1])
+    if dtype == np.float32 and q_shape[-1] <= LANES_MAX_DEPTH and \
+            v_shape[-1] <= LANES_MAX_DEPTH and work <= LANES_MAX_WORK and host_has_fma():
+        return "lanes"
+    return "rows" if work <= ROWS_MAX_WORK else "blas"
 
 
 _NO_MASK = {np.dtype(t): np.zeros((1, 1, 1, 1), t) for t in (np.float32, np.float64)}
@@ -184,7 +323,7 @@ def fused_attention(Q, Kt, V, mask=None, *, scale=1.0, out=None):
     m4 = _NO_MASK[dtype] if mask is None else mask.reshape(_four_d(mask.shape))
     _run(Q.reshape(_four_d(Q.shape)), Kt.reshape(_four_d(Kt.shape)),
          V.reshape(_four_d(V.shape)), m4, mask is not None, dtype.type(scale),
-         y.reshape(_four_d(y_shape), copy=False), _rows_wins(Q.shape, Kt.shape, V.shape))
+         y.reshape(_four_d(y_shape), copy=False), _path(Q.shape, Kt.shape, V.shape, dtype))
     return y
 
 
@@ -205,7 +344,7 @@ def _fused_attention_at(site: CallSite):
     q4, kt4, v4, y4 = (_four_d(s) for s in (q_shape, kt_shape, v_shape, y_shape))
     m4 = _four_d(m_shape) if has_mask else None
     scale = dtype.type(site.attrs.get("scale", 1.0))
-    rows = _rows_wins(q_shape, kt_shape, v_shape)
+    path = _path(q_shape, kt_shape, v_shape, dtype)
     four_d = len(q_shape) == 4
     no_mask = _NO_MASK[dtype]
     generic = site.generic
@@ -219,10 +358,10 @@ def _fused_attention_at(site: CallSite):
         sync_threads()
         y = np.empty(y_shape, dtype) if out is None else out
         if four_d:  # the usual case: no views to make
-            _run(Q, Kt, V, mask.reshape(m4) if has_mask else no_mask, has_mask, scale, y, rows)
+            _run(Q, Kt, V, mask.reshape(m4) if has_mask else no_mask, has_mask, scale, y, path)
         else:
             _run(Q.reshape(q4), Kt.reshape(kt4), V.reshape(v4),
                  mask.reshape(m4) if has_mask else no_mask, has_mask, scale,
-                 y.reshape(y4, copy=False), rows)  # never write into a copy of out
+                 y.reshape(y4, copy=False), path)  # never write into a copy of out
         return y
     return attention_at
