@@ -127,3 +127,21 @@ def test_inputs_the_kernels_do_not_cover_go_to_the_reference():
     strided = np.full((6, 4, 5), np.nan, np.float32).transpose(0, 2, 1)  # written, not a copy
     assert attention.fused_attention(q3, kt3, v3, out=strided) is strided
     np.testing.assert_allclose(strided, REFERENCE(q3, kt3, v3), rtol=2e-5, atol=2e-6)
+
+
+def test_lanes_parallel_variant_equals_the_serial():
+    """The prange variant (taken past the dual kernel's size threshold with several threads)
+    computes what the serial one does, head for head."""
+    q = _heads(2, 17, 3, 16, np.float32, "view")
+    kt = _heads(2, 17, 3, 16, np.float32, "view").transpose(0, 1, 3, 2)
+    v = _heads(2, 17, 3, 20, np.float32, "view")
+    mask = RNG.standard_normal((1, 1, 17, 17)).astype(np.float32)
+    scratch = np.empty(2 * 3 * (16 * 24 + 17 * 24 + 2 * 17 * 24 + 4 * 24 + 17), np.float32)
+    outs = []
+    for variant in (attention._attention_lanes.serial, attention._attention_lanes.parallel):
+        out = np.full((2, 3, 17, 20), np.nan, np.float32)
+        variant(q, kt, v, mask, True, np.float32(0.25), scratch, out)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], REFERENCE(q, kt, v, mask, scale=0.25), rtol=2e-5,
+                               atol=2e-6)
