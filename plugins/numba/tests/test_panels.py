@@ -1,8 +1,9 @@
 """MatMul by a file's weights packed into 24-column panels (onemodel.numba.panels) against
 PyTorch and a float64 product: rows past the blocks of four and past a row block, columns
-past the last full panel, one to three-axis A, NaN and infinities, a planned ``out=``; taken
-for float32 on one thread from four rows and sixteen columns, any other call to the
-reference; the packed copy made once per weight array and dropped with it."""
+past the last full panel, tiles of four, two and one row, one to three-axis A, NaN and
+infinities, a planned ``out=``; taken for float32 on one thread from one row and sixteen
+columns, any other call to the reference; the packed copy made once per weight array and
+dropped with it."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def _taken(call) -> bool:
 
 @pytest.mark.parametrize("m, k, n", [
     (4, 8, 24), (5, 7, 16), (7, 33, 50), (12, 96, 384), (130, 64, 100), (3, 16, 48),
-    (1, 5, 30), (64, 1, 17),
-])
+    (1, 5, 30), (64, 1, 17), (2, 40, 30), (6, 20, 48), (2, 576, 1024),
+])  # 7: four, two and one row; 3: two and one; 2 and 6: the two-row tile
 def test_kernel_matches_a_float64_product(m, k, n):
     rng = np.random.default_rng(m * 1000 + k + n)
     a = rng.standard_normal((m, k)).astype(np.float32)
@@ -64,7 +65,8 @@ def test_row_blocks_cover_every_row():
     np.testing.assert_allclose(y, a.astype(np.float64) @ b, rtol=2e-5, atol=1e-3)
 
 
-@pytest.mark.parametrize("a_shape", [(4, 96), (2, 3, 96), (2, 2, 3, 96), (37, 96)])
+@pytest.mark.parametrize("a_shape", [(4, 96), (2, 3, 96), (2, 2, 3, 96), (37, 96), (1, 96),
+                                     (2, 96), (1, 3, 96)])
 def test_planned_matmul_takes_the_panels_and_matches_torch(a_shape):
     rng = np.random.default_rng(len(a_shape))
     w = _file_constant(rng.standard_normal((96, 70)).astype(np.float32))
@@ -94,10 +96,10 @@ def test_planned_matmul_takes_the_panels_and_matches_torch(a_shape):
         np.testing.assert_allclose(strided, got, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-def test_few_rows_narrow_writable_float64_or_threads_keep_the_reference(monkeypatch):
+def test_narrow_writable_float64_or_threads_keep_the_reference(monkeypatch):
     rng = np.random.default_rng(5)
     w = _file_constant(rng.standard_normal((64, 48)).astype(np.float32))
-    assert not _taken(_matmul_call((3, 64), w))  # three rows
+    assert all(_taken(_matmul_call((rows, 64), w)) for rows in (1, 2, 3))
     assert not _taken(_matmul_call((8, 64), _file_constant(w[:, :8].copy())))  # 8 columns
     assert not _taken(_matmul_call((8, 64), w.copy()))  # writable: an update must show
     w64 = _file_constant(w.astype(np.float64))
@@ -132,22 +134,23 @@ def _reaches_panels(fn, depth=3) -> bool:
 
 @pytest.mark.parametrize("trans_b", [0, 1])
 @pytest.mark.parametrize("bias", [True, False])
-def test_planned_fused_gemm_takes_the_panels_and_matches_torch(trans_b, bias):
+@pytest.mark.parametrize("rows", [2, 9])  # a classifier head at batch 2: the two-row tile
+def test_planned_fused_gemm_takes_the_panels_and_matches_torch(trans_b, bias, rows):
     rng = np.random.default_rng(10 * trans_b + bias)
     w = rng.standard_normal((64, 40)).astype(np.float32)  # (K, N)
     b_arg = _file_constant(np.ascontiguousarray(w.T) if trans_b else w)
     c = _file_constant(rng.standard_normal(40).astype(np.float32)) if bias else None
-    x = rng.standard_normal((9, 64)).astype(np.float32)
+    x = rng.standard_normal((rows, 64)).astype(np.float32)
     attrs = {"activation": "Relu", "transB": trans_b}
     inputs = (x, b_arg) if c is None else (x, b_arg, c)
     site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
-                    (None, *inputs[1:]), attrs, ((9, 40),),
+                    (None, *inputs[1:]), attrs, ((rows, 40),),
                     lambda *a, out=None: OPS["FusedGemm"].kernel(*a, **attrs, out=out))
     call = specialize(gemm.fused_gemm, site)
     assert _reaches_panels(call)
     want = torch.relu(torch.from_numpy(x) @ torch.from_numpy(w) +
                       (torch.from_numpy(c.copy()) if bias else 0)).numpy()
-    for out in (None, np.full((9, 40), np.nan, np.float32)):
+    for out in (None, np.full((rows, 40), np.nan, np.float32)):
         got = call(*inputs, out=out)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     other = b_arg.copy()
@@ -155,3 +158,58 @@ def test_planned_fused_gemm_takes_the_panels_and_matches_torch(trans_b, bias):
     want_other = OPS["FusedGemm"].kernel(x, other, c, **attrs)
     np.testing.assert_allclose(call(x, other, *(() if c is None else (c,))), want_other,
                                rtol=1e-5, atol=1e-5)
+
+
+def _linear_session(w, bias, activation=None, **attrs):
+    """A Session over the Gemm a PyTorch Linear exports (transB=1), with ``activation``
+    after it; the gemm-weight-layout pass stores its read-only transpose."""
+    from onemodel.runtime import GraphBuilder, Session
+    from onemodel.tensors import DType
+
+    b = GraphBuilder()
+    y = b.op("Gemm", b.input("x", DType.F32, ("batch", w.shape[1])), b.initializer("w", w),
+             b.initializer("b", bias), transB=1, **attrs)
+    b.output(b.op(activation, y) if activation else y, "y")
+    return Session(b.build())
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 8])
+@pytest.mark.parametrize("activation", [None, "Relu"])
+def test_a_linear_head_is_planned_on_the_panels_and_matches_torch(batch, activation):
+    """A classifier head (576 -> 1000) at batches 1-8, with and without an activation: the
+    plain Gemm and the FusedGemm both planned on the panels over the pass's transpose (BLAS
+    packed the weights on every call: 2 x 576 -> 1024 2.4x onnxruntime's time); NaN and
+    infinities in a row reach only that row, as in torch."""
+    rng = np.random.default_rng(batch)
+    w = (rng.standard_normal((1000, 576)) / 24).astype(np.float32)
+    bias = rng.standard_normal(1000).astype(np.float32)
+    session = _linear_session(w, bias, activation)
+    x = rng.standard_normal((batch, 576)).astype(np.float32)
+    x[0, 3] = np.nan
+    x[-1, 7] = np.inf
+    with np.errstate(invalid="ignore"):
+        got = session.run({"x": x}, return_numpy=True)["y"]
+    want = torch.nn.functional.linear(torch.from_numpy(x), torch.from_numpy(w),
+                                      torch.from_numpy(bias))
+    want = (torch.relu(want) if activation else want).numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4)
+    (step,) = [st for st in session.plan_for({"x": (batch, 576)}).steps
+               if st.op in ("Gemm", "FusedGemm")]
+    assert _reaches_panels(step.call)
+
+
+def test_a_scaled_gemm_or_a_full_bias_keeps_the_reference():
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((64, 96)) / 10).astype(np.float32)
+    x = rng.standard_normal((2, 96)).astype(np.float32)
+    for attrs, bias in ((dict(alpha=0.5), rng.standard_normal(64)),
+                        ({}, rng.standard_normal((2, 64)))):
+        bias = bias.astype(np.float32)
+        session = _linear_session(w, bias, **attrs)
+        got = session.run({"x": x}, return_numpy=True)["y"]
+        np.testing.assert_allclose(got, attrs.get("alpha", 1.0) * (x @ w.T) + bias,
+                                   rtol=1e-5, atol=1e-5)
+        (step,) = [st for st in session.plan_for({"x": (2, 96)}).steps if st.op == "Gemm"]
+        assert not _reaches_panels(step.call)

@@ -47,7 +47,7 @@ _MATMUL_MIN_WEIGHTS = 4 << 20
 def _plain(C, n, activation, alpha, beta) -> bool:
     """Whether a call is the one this kernel computes: an activation it has, no scaling and a
     bias that is one row of the output's width (or none)."""
-    return activation in ACT_CODES and activation != "" and alpha == 1.0 and beta == 1.0 and \
+    return activation in ACT_CODES and alpha == 1.0 and beta == 1.0 and \
         (C is None or (C.ndim == 1 and C.shape[0] == n))
 
 
@@ -69,12 +69,46 @@ def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0
     return y
 
 
+def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None):
+    """Gemm: the reference kernel. Its planned call (:func:`_gemm_at`) takes the products by
+    constant weights this plugin has, with the bias after (a classifier head at batch 2:
+    OpenBLAS packs the weights on every call)."""
+    return OPS["Gemm"].kernel(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB,
+                              out=out)
+
+
+@specializer(gemm)
+def _gemm_at(site: CallSite):
+    """An unscaled float32 Gemm by constant weights planned as FusedGemm without an
+    activation (:func:`_planned_gemm`: the panels, the skinny product or BLAS, then the bias
+    row); every other Gemm keeps the reference's planned call."""
+    attrs, out_shape = dict(site.attrs), site.out_shapes[0]
+    b = site.values[1] if len(site.values) > 1 else None
+    if isinstance(b, np.ndarray) and out_shape is not None and len(out_shape) == 2 and \
+            _plain(None, 0, "", attrs.get("alpha", 1.0), attrs.get("beta", 1.0)) and (
+                _gemm_panels_fit(site, attrs, b, out_shape) or
+                _rows_by_k(site, attrs, out_shape) is not None):
+        planned = _planned_gemm(site, attrs, "")
+        if planned is not None:
+            return planned
+    return specialize(OPS["Gemm"].kernel, site)
+
+
 @specializer(fused_gemm)
 def _fused_gemm_at(site: CallSite):
-    """The reference Gemm's specialized product (no bias), then the bias and activation pass;
-    inputs of other shapes or dtypes than planned take the generic call."""
-    shapes, dtypes, attrs = site.shapes, site.dtypes, dict(site.attrs)
+    """:func:`_planned_gemm` of the node's activation."""
+    attrs = dict(site.attrs)
     activation = attrs.pop("activation", "Relu")
+    if activation == "":
+        return None
+    return _planned_gemm(site, attrs, activation)
+
+
+def _planned_gemm(site: CallSite, attrs: dict, activation: str):
+    """The product (the panels, the skinny product, or the reference Gemm's specialized call
+    without the bias), then the bias and activation pass; inputs of other shapes or dtypes
+    than planned take the generic call."""
+    shapes, dtypes = site.shapes, site.dtypes
     dtype = dtypes[0]
     c_shape = shapes[2] if len(shapes) > 2 else None
     out_shape = site.out_shapes[0]
@@ -262,10 +296,17 @@ def _panels_fit(site: CallSite, b) -> bool:
         _immutable(b) and panels.fits(math.prod(a_shape[:-1]), b.shape[0], b.shape[1])
 
 
+def _session_constant(b: np.ndarray) -> bool:
+    """Whether nothing but the session changes ``b``: a file's constant (:func:`_immutable`),
+    or the read-only copy a pass made of one (gemm-weight-layout's transpose of PyTorch's
+    Linear weights), which only the session's graph holds."""
+    return _immutable(b) or (not b.flags.writeable and b.base is None)
+
+
 def _gemm_panels_fit(site: CallSite, attrs: dict, b, out_shape) -> bool:
     """Whether a planned FusedGemm's product goes by :mod:`.panels`: float32 A (not
     transposed, no scaling) by a constant 2-D float32 B (or its transpose) nothing can change
-    in place, on one thread, where :func:`panels.fits` says."""
+    in place (:func:`_session_constant`), on one thread, where :func:`panels.fits` says."""
     from . import panels
 
     a_shape = site.shapes[0]
@@ -273,7 +314,7 @@ def _gemm_panels_fit(site: CallSite, attrs: dict, b, out_shape) -> bool:
     if not isinstance(b, np.ndarray) or b.ndim != 2 or b.dtype != np.float32 or \
             site.dtypes[0] != np.float32 or attrs.get("transA", 0) or \
             attrs.get("alpha", 1.0) != 1.0 or a_shape is None or len(a_shape) != 2 or \
-            None in a_shape or _jit._parallel or not _immutable(b):
+            None in a_shape or _jit._parallel or not _session_constant(b):
         return False
     k, n = b.shape[::-1] if attrs.get("transB", 0) else b.shape
     return a_shape[1] == k and tuple(out_shape) == (a_shape[0], n) and \

@@ -39,8 +39,8 @@ def pack(b: np.ndarray) -> np.ndarray:
 @jit()
 def product(a, bp, n, y):
     """y = a @ b for C-contiguous float32 ``a`` (M, K) and ``y`` (M, N), ``bp`` the packed
-    ``b`` (:func:`pack`). Four rows at a time, the last M % 4 one by one; a panel past N is
-    summed whole and only its columns inside N stored."""
+    ``b`` (:func:`pack`). Four rows at a time, then two, then the last one: each tile reads
+    the panel once; a panel past N is summed whole and only its columns inside N stored."""
     m, k = a.shape
     af = a.reshape(a.size)
     yf = y.reshape(y.size)
@@ -57,10 +57,13 @@ def product(a, bp, n, y):
             i = i0
             while i < i1:
                 four = i + 4 <= i1
+                two = not four and i + 2 <= i1
                 a0 = i * k
                 a1, a2, a3 = a0, a0, a0
                 if four:
                     a1, a2, a3 = a0 + k, a0 + 2 * k, a0 + 3 * k
+                elif two:
+                    a1 = a0 + k
                 c00, c01, c02 = zero, zero, zero
                 c10, c11, c12 = zero, zero, zero
                 c20, c21, c22 = zero, zero, zero
@@ -87,24 +90,39 @@ def product(a, bp, n, y):
                         c30 = fma8(s, b0, c30)
                         c31 = fma8(s, b1, c31)
                         c32 = fma8(s, b2, c32)
-                else:  # one of the last M % 4 rows
+                elif two:  # two of the last M % 4 rows: the panel read once for both
+                    for q in range(k):
+                        bo = pb + q * WIDTH
+                        b0 = load8(bp, U(bo))
+                        b1 = load8(bp, U(bo + 8))
+                        b2 = load8(bp, U(bo + 16))
+                        s = splat8(af[U(a0 + q)])
+                        c00 = fma8(s, b0, c00)
+                        c01 = fma8(s, b1, c01)
+                        c02 = fma8(s, b2, c02)
+                        s = splat8(af[U(a1 + q)])
+                        c10 = fma8(s, b0, c10)
+                        c11 = fma8(s, b1, c11)
+                        c12 = fma8(s, b2, c12)
+                else:  # the last row
                     for q in range(k):
                         bo = pb + q * WIDTH
                         s = splat8(af[U(a0 + q)])
                         c00 = fma8(s, load8(bp, U(bo)), c00)
                         c01 = fma8(s, load8(bp, U(bo + 8)), c01)
                         c02 = fma8(s, load8(bp, U(bo + 16)), c02)
-                rows = 4 if four else 1
+                rows = 4 if four else (2 if two else 1)
                 if full:
                     o = i * n + col
                     store8(yf, U(o), c00)
                     store8(yf, U(o + 8), c01)
                     store8(yf, U(o + 16), c02)
-                    if four:
+                    if rows > 1:
                         o += n
                         store8(yf, U(o), c10)
                         store8(yf, U(o + 8), c11)
                         store8(yf, U(o + 16), c12)
+                    if four:
                         o += n
                         store8(yf, U(o), c20)
                         store8(yf, U(o + 8), c21)
@@ -135,9 +153,12 @@ def product(a, bp, n, y):
 # Where the panels measured faster than BLAS, and than the skinny product on few rows (python
 # benchmarks/planned_calls.py, one thread): 0.33-0.98x BLAS from 4 rows (4 x 768 x 768 to
 # 4096 x 1024 x 1024), the weights in cache or from memory, 0.40-0.93x the skinny product on
-# 4-32 rows. Under four rows the reference's matrix-vector products stay; so do products of
-# fewer than 16 columns, whose one panel is mostly padding (1000 x 32 x 8: 1.54x).
-MIN_ROWS = 4
+# 4-32 rows. With the two-row tile, one to three rows too (docs/benchmarks.md, "Twenty-second
+# round"): 2 x 576 -> 1024 29.5 against the skinny product's 36.4 us warm, 136 against 229
+# with the cache flushed (BLAS 135 and 262); 1 x 2048 -> 1000 100 against BLAS's 98 warm,
+# 312 against 367 flushed. Products of fewer than 16 columns keep BLAS: their one panel is
+# mostly padding (1000 x 32 x 8: 1.54x).
+MIN_ROWS = 1
 MIN_COLUMNS = 16
 
 

@@ -41,6 +41,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "FusedElementwise": (f"{_K}.fused:fused_elementwise", f"{_K}.support:same_float"),
     "FusedAttention": (f"{_K}.attention:fused_attention", f"{_K}.support:attention"),
     "FusedGemm": (f"{_K}.gemm:fused_gemm", f"{_K}.support:fused_gemm"),
+    "Gemm": (f"{_K}.gemm:gemm", f"{_K}.support:gemm"),
     "MatMul": (f"{_K}.gemm:matmul", f"{_K}.support:same_float"),
     "Resize": (f"{_K}.resize:resize", f"{_K}.support:resize"),
     "LSTM": (f"{_K}.recurrent:lstm", f"{_K}.support:lstm"),
@@ -55,7 +56,7 @@ UPDATES: dict[str, str] = {"optim.SGD": f"{_K}.optim:sgd", "optim.Adam": f"{_K}.
 # kernels that take ``out=`` (a planned buffer they fill and return; see the hookspec)
 WRITES_OUT: set[str] = {"FusedElementwise", "RMSNormalization", "BatchNormalization", "Softmax",
                         "LogSoftmax", "Erf", "Gelu", "MaxPool", "AveragePool", "GlobalAveragePool",
-                        "Conv", "FusedConv", "FusedAttention", "FusedGemm", "MatMul"}
+                        "Conv", "FusedConv", "FusedAttention", "FusedGemm", "Gemm", "MatMul"}
 
 
 @hookimpl

@@ -33,6 +33,12 @@ def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0
         and activation in _ACTIVATIONS[1:] and (C is None or C.ndim == 1)
 
 
+def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+    """Gemm of float32/float64 2-D matrices (and bias) of one dtype: the reference's own
+    call, planned by constant weights where the plugin has a faster product."""
+    return A.ndim == 2 and B.ndim == 2 and _float(A, B, C)
+
+
 def _nchw(X) -> bool:
     return X.ndim == 4 and X.dtype in _FLOATS
 
