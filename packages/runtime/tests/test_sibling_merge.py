@@ -37,6 +37,15 @@ def _graph(biases=(True, True, True), widths=(16, 16, 8), rows=(16, 16, 16), wei
     return b.build()
 
 
+def _frozen(arr) -> bool:
+    """A read-only view of immutable bytes (passes.base.frozen)."""
+    while isinstance(arr, np.ndarray):
+        if arr.flags.writeable:
+            return False
+        arr = arr.base
+    return isinstance(arr, bytes)
+
+
 def _run_pass(graph):
     optimized = graph.copy()
     counts = PassManager([SiblingMatMulMerge()]).run(optimized)
@@ -61,6 +70,9 @@ def test_projections_of_one_input_become_one_product(biases, bias_left):
     ops = [node.op for node in optimized.nodes]
     assert ops.count("MatMul") == 1 and ops.count("Split") == 1
     assert ops.count("Add") == (1 if all(biases) else sum(biases))
+    merged = [a for name, a in optimized.initializers.items()
+              if "_merged" in name and "_sizes" not in name]
+    assert merged and all(_frozen(a) for a in merged)  # kernels may lay them out once
     session, plain = Session(optimized, optimize=False), Session(graph, optimize=False)
     rng = np.random.default_rng(1)
     for batch, seq in ((1, 1), (2, 5), (3, 17)):

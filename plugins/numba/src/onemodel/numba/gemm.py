@@ -296,17 +296,11 @@ def _panels_fit(site: CallSite, b) -> bool:
         _immutable(b) and panels.fits(math.prod(a_shape[:-1]), b.shape[0], b.shape[1])
 
 
-def _session_constant(b: np.ndarray) -> bool:
-    """Whether nothing but the session changes ``b``: a file's constant (:func:`_immutable`),
-    or the read-only copy a pass made of one (gemm-weight-layout's transpose of PyTorch's
-    Linear weights), which only the session's graph holds."""
-    return _immutable(b) or (not b.flags.writeable and b.base is None)
-
-
 def _gemm_panels_fit(site: CallSite, attrs: dict, b, out_shape) -> bool:
     """Whether a planned FusedGemm's product goes by :mod:`.panels`: float32 A (not
     transposed, no scaling) by a constant 2-D float32 B (or its transpose) nothing can change
-    in place (:func:`_session_constant`), on one thread, where :func:`panels.fits` says."""
+    in place (a file's, or a pass's frozen copy), on one thread, where :func:`panels.fits`
+    says."""
     from . import panels
 
     a_shape = site.shapes[0]
@@ -314,7 +308,7 @@ def _gemm_panels_fit(site: CallSite, attrs: dict, b, out_shape) -> bool:
     if not isinstance(b, np.ndarray) or b.ndim != 2 or b.dtype != np.float32 or \
             site.dtypes[0] != np.float32 or attrs.get("transA", 0) or \
             attrs.get("alpha", 1.0) != 1.0 or a_shape is None or len(a_shape) != 2 or \
-            None in a_shape or _jit._parallel or not _session_constant(b):
+            None in a_shape or _jit._parallel or not _immutable(b):
         return False
     k, n = b.shape[::-1] if attrs.get("transB", 0) else b.shape
     return a_shape[1] == k and tuple(out_shape) == (a_shape[0], n) and \

@@ -224,8 +224,7 @@ class GemmWeightLayout(Pass):
             name = moved.get(node.inputs[1])
             if name is None:
                 name = graph.fresh_name(node.inputs[1] + "_kn")
-                arr = np.ascontiguousarray(b.T)
-                arr.flags.writeable = False  # the session's own copy: kernels may derive from it
+                arr = frozen(b.T)  # the session's own copy: kernels may lay it out once
                 specs[name] = spec_of_array(arr)
             candidate = Node(node.op, [node.inputs[0], name, *node.inputs[2:]],
                              list(node.outputs), {**node.attrs, "transB": 0}, node.name)

@@ -8,7 +8,7 @@ from onemodel.tensors import OneModelError
 from onemodel.tensors.ops import OPS
 
 from ..graph import Graph, Node
-from .base import Pass, PassResult, Uses, same_spec, spec_of_array
+from .base import Pass, PassResult, Uses, frozen, same_spec, spec_of_array
 
 # merged weights at most this large: the merged copy is new memory while the session keeps its
 # source graph, and where weights are larger the products' arithmetic, not the calls, dominates
@@ -75,10 +75,11 @@ class SiblingMatMulMerge(Pass):
                             adds[0][0].name + "_merged"))
         new.append(Node("Split", [split_input, sizes], [n.outputs[0] for n in ends],
                         {"axis": -1}, members[0].name + "_split"))
-        arrays = {w_name: np.ascontiguousarray(np.concatenate(weights, axis=1)),
+        # frozen: the session's own copies, which kernels may lay out once (base.frozen)
+        arrays = {w_name: frozen(np.concatenate(weights, axis=1)),
                   sizes: np.array([w.shape[1] for w in weights], np.int64)}
         if with_bias:
-            arrays[b_name] = np.concatenate([graph.initializers[b] for _, b in adds])
+            arrays[b_name] = frozen(np.concatenate([graph.initializers[b] for _, b in adds]))
         trial = dict(specs)
         trial.update({name: spec_of_array(arr) for name, arr in arrays.items()})
         try:  # the product (and the Add): their shape rules accept them
