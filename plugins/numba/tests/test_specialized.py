@@ -676,3 +676,43 @@ def test_a_planned_small_convolution_fills_a_strided_out_and_refuses_a_wrong_one
     _same(out, want)
     with pytest.raises(ShapeError, match="out= has shape"):
         call(x, w, out=np.empty((1, 8, 3, 2), np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("nchw,bias", [((2, 96, 16, 16), True), ((2, 8, 8, 8), True),
+                                       ((1, 16, 5, 3), False), ((3, 12, 7), True)])
+def test_layer_norm_of_a_permuted_channels_first_view_matches_torch(dtype, nchw, bias):
+    """ConvNeXt's LayerNorm over the channels: a (N, H, W, C) view of an (N, C, H, W)
+    activation (and a 1-D (N, L, C) one), normalized without copying the view first;
+    against torch's layer_norm on the permuted tensor, with and without B, planes whose
+    pixels are not a multiple of eight."""
+    import torch
+
+    x = RNG.standard_normal(nchw).astype(dtype)
+    x[0, 1] += 100.0  # one channel far off: the two-pass variance keeps its precision
+    perm = (0, *range(2, x.ndim), 1)
+    view = x.transpose(perm)
+    assert not view.flags.c_contiguous
+    c = nchw[1]
+    scale, b = (RNG.standard_normal(c).astype(dtype) for _ in range(2))
+    inputs = [view, scale, b] if bias else [view, scale]
+    site = _site(norm.layer_normalization, inputs, {}, (1, 2) if bias else (1,))
+    site = replace(site, out_shapes=(site.out_shapes[0], None, None))
+    y = norm.layer_normalization.specialize(site)(*inputs)[0]
+    want = torch.nn.functional.layer_norm(
+        torch.from_numpy(np.ascontiguousarray(view)), (c,), torch.from_numpy(scale),
+        torch.from_numpy(b) if bias else None, eps=1e-5).numpy()
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    assert y.shape == view.shape and y.flags.c_contiguous
+    np.testing.assert_allclose(y, want, **tol)
+    np.testing.assert_allclose(y, norm.layer_normalization(np.ascontiguousarray(view),
+                                                           *inputs[1:])[0], **tol)
+    # the kernel's parallel variant (taken with several threads) computes the same values
+    flat = (nchw[0], c, int(np.prod(nchw[2:])))
+    outs = []
+    for variant in (norm._layer_norm_channels.serial, norm._layer_norm_channels.parallel):
+        out = np.full((flat[0], flat[2], c), np.nan, dtype)
+        variant(x.reshape(flat), scale, b if bias else scale, bias, 1e-5, out)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0].reshape(y.shape), y, **tol)

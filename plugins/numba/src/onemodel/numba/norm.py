@@ -70,6 +70,40 @@ def _layer_norm(x, scale, bias, has_bias, eps, rms, out, stats, mean_out, inv_ou
 
 
 @jit(parallel=True, fastmath={"reassoc"})
+def _layer_norm_channels(x, scale, bias, has_bias, eps, out):
+    """LayerNormalization over the channels of channels-first data: ``x`` (N, C, P)
+    C-contiguous, ``out`` (N, P, C) C-contiguous, each of the N * P pixels' C values
+    normalized as a row. What a ConvNeXt block's LayerNorm over a permuted (N, H, W, C) view
+    of an (N, C, H, W) activation computes: the view's rows lie P apart, so the row kernel
+    first copied the whole view (2x16x16x96: 82 us a call, 46 here). Here the sums run along
+    the pixels (unit stride, in vector lanes; float64, as the row kernel's) for every
+    channel, the mean first, then the squared deviations from it; the output is written a
+    channel at a time (a block of eight pixels made first, then written pixel by pixel,
+    measured slower: 63 us)."""
+    n_img, c_n, p_n = x.shape
+    sums = np.zeros((n_img, 2, p_n), np.float64)  # one allocation: each is 0.1-0.2 us
+    for i in prange(n_img):
+        mean = sums[i, 0]
+        inv = sums[i, 1]
+        for c in range(c_n):
+            for p in range(p_n):
+                mean[p] += x[i, c, p]
+        for p in range(p_n):
+            mean[p] /= c_n
+        for c in range(c_n):
+            for p in range(p_n):
+                d = x[i, c, p] - mean[p]
+                inv[p] += d * d
+        for p in range(p_n):
+            inv[p] = 1.0 / math.sqrt(inv[p] / c_n + eps)
+        for c in range(c_n):
+            sc = scale[c]
+            bc = bias[c] if has_bias else 0.0
+            for p in range(p_n):
+                out[i, p, c] = (x[i, c, p] - mean[p]) * inv[p] * sc + bc
+
+
+@jit(parallel=True, fastmath={"reassoc"})
 def _skip_layer_norm(x, skip, bias, has_bias, scale, beta, has_beta, eps, out, total, keep):
     """Rows of ``total = (x + bias) + skip`` (in the dtype, in that order, as the Adds it
     replaces) normalized into ``out``, the sums as :func:`_layer_norm` takes them. ``skip``'s
@@ -459,6 +493,15 @@ def _layer_normalization_at(site: CallSite):
     generic = site.generic
     keep_stats = any(s is not None for s in site.out_shapes[1:])
     bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
+    # normalized over the last axis alone, of rank 3 or more: a permuted view of
+    # channels-first data (ConvNeXt's) goes to _layer_norm_channels without a copy
+    channels = channels_in = channels_out = None
+    bound_channels = [None]
+    if len(tail) == 1 and len(shape) >= 3:
+        nd = len(shape)
+        channels = (0, nd - 1, *range(1, nd - 1))
+        pixels = math.prod(shape[1:-1])
+        channels_in, channels_out = (shape[0], width, pixels), (shape[0], pixels, width)
 
     def layer_normalization_at(X, Scale, B=None):
         if X.shape != shape or X.dtype != dtype or (B is None) == has_bias:
@@ -478,9 +521,21 @@ def _layer_normalization_at(site: CallSite):
         else:
             bias = _param(B, tail, width, dtype)
         sync_threads()
-        if not X.flags.c_contiguous:
-            X = np.ascontiguousarray(X)
         out = np.empty(shape, dtype)
+        if not X.flags.c_contiguous:
+            if channels and not keep_stats:
+                xt = X.transpose(channels)  # (N, C, spatial...) when X is a permuted view
+                if xt.flags.c_contiguous:
+                    args = (xt.reshape(channels_in), scale, bias, has_bias, eps,
+                            out.reshape(channels_out))
+                    if _jit._parallel or scale is not s_row or (has_bias and bias is not b_row):
+                        (_layer_norm_channels if _jit._parallel else
+                         _layer_norm_channels.serial)(*args)
+                    else:  # the plan's own rows, the arrays C-contiguous: the types are fixed
+                        (bound_channels[0] or _jit.bind(
+                            bound_channels, _layer_norm_channels.serial, args))(*args)
+                    return out, None, None
+            X = np.ascontiguousarray(X)
         kernel = _layer_norm if _jit._parallel else _layer_norm.serial
         if not keep_stats:
             if kernel is _layer_norm or scale is not s_row or (has_bias and bias is not b_row):
