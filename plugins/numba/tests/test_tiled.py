@@ -63,9 +63,23 @@ CASES = [  # (X shape, W shape, attrs): output pixels n*oh*ow noted where they e
     ((3, 3, 9, 9), (32, 3, 3, 3), dict(strides=(2, 2))),  # a stem: 16-pixel images in chunks
     # blocks of eight channels (_tiles8): tiles of twelve pixels, then four, then one
     ((2, 3, 32, 32), (8, 3, 7, 7), dict(pads=(3, 3, 3, 3), strides=(2, 2))),  # a stem: 512
-    ((1, 5, 7, 5), (12, 5, 3, 3), dict(pads=(1, 1, 1, 1))),  # 35 = 2x12 + 2x4 + 3; 4 unused
+    ((1, 5, 7, 5), (8, 5, 3, 3), dict(pads=(1, 1, 1, 1))),  # 35 = 2x12 + 2x4 + 3
+    ((1, 5, 7, 5), (20, 5, 3, 3), dict(pads=(1, 1, 1, 1))),  # three blocks, 4 unused
+    # blocks of sixteen channels (_tiles16): tiles of six pixels, then one
+    ((2, 3, 64, 64), (16, 3, 3, 3), dict(pads=(1, 1, 1, 1), strides=(2, 2))),  # a stem: 2048
+    ((1, 5, 7, 5), (12, 5, 3, 3), dict(pads=(1, 1, 1, 1))),  # 35 = 5x6 + 5; 4 unused
     ((2, 4, 9, 10), (16, 4, 3, 3), dict(pads=(1, 2, 0, 1), dilations=(2, 1))),
+    ((1, 3, 13, 11), (14, 3, 3, 3), dict(strides=(2, 2))),  # 6x5 = 30 in a chunk: 5x6
 ]
+
+
+def test_blocks_are_the_widest_that_waste_at_most_a_quarter():
+    widths = {m: tiled.block(m) for m in (8, 12, 14, 16, 20, 24, 32, 40, 48)}
+    assert widths == {8: 8, 12: 16, 14: 16, 16: 16, 20: 8, 24: 32, 32: 32, 40: None, 48: 32}
+    kernels = {8: tiled._tiles8, 16: tiled._tiles16, 32: tiled._tiles}
+    for m in (8, 16, 24):
+        xs, ws = (1, 3, 9, 9), (m, 3, 3, 3)
+        assert _prepared(xs, ws, {}).kernel is kernels[tiled.block(m)]
 
 
 @pytest.mark.parametrize("xs, ws, attrs", CASES)
