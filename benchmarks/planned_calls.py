@@ -12,7 +12,11 @@ with its own session's cost; see single_ops.py and realmodels.py for paired comp
   cache (64 MiB read between calls, as a model's other weights and onnxruntime's evict them);
 - panels: MatMul by weights packed into 24-column panels against BLAS (numpy's matmul) and,
   on up to 32 rows, the skinny product, the weights in cache and out of cache (the real
-  suite's ConvNeXt-T, Swin-T and transformer shapes).
+  suite's ConvNeXt-T, Swin-T and transformer shapes, and classifier heads of 1-3 rows);
+- attention: FusedAttention heads on the register tiles against the BLAS path;
+- permuted LayerNorm: a LayerNormalization over a permuted (N, H, W, C) view of channels-first
+  data (ConvNeXt's), planned, against a copy of the view and the row kernel;
+- narrow tiles: a 16-output stem on tiles of sixteen channels against two blocks of eight.
 
 Each figure is the median of many calls in microseconds.
 
@@ -168,7 +172,75 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{m} x {kk} by {n} {np.dtype(dtype).name}"
         print(f"  {label:34s} {hot:7.1f} / {cold:7.1f}")
     _panels(rng, calls, sweep)
+    _attention(rng, calls)
+    _permuted_layer_norm(rng, calls)
+    _narrow_tiles(rng, calls)
     return 0
+
+
+def _attention(rng, calls: int) -> None:
+    from onemodel.numba import attention
+
+    print("FusedAttention heads (B, H, S, D): lanes / BLAS path (us)")
+    for b, h, sq, d in ((2, 2, 17, 16), (2, 4, 5, 8), (2, 2, 24, 16), (2, 2, 32, 16),
+                        (2, 2, 32, 32), (2, 12, 7, 64)):
+        qkv = rng.standard_normal((b, sq, 3, h, d)).astype(np.float32)  # a merged projection
+        q, v = qkv[:, :, 0].transpose(0, 2, 1, 3), qkv[:, :, 2].transpose(0, 2, 1, 3)
+        kt = qkv[:, :, 1].transpose(0, 2, 3, 1)
+        mask = attention._NO_MASK[np.dtype(np.float32)]
+        outs = [np.empty((b, h, sq, d), np.float32) for _ in range(2)]
+        scale = np.float32(d ** -0.5)
+        fns = [partial(attention._run, q, kt, v, mask, False, scale, out, path)
+               for out, path in zip(outs, ("lanes", "blas"))]
+        times = [_median_us(fn, calls) for fn in fns]
+        assert np.abs(outs[0] - outs[1]).max() <= 1e-5
+        taken = attention._path(q.shape, kt.shape, v.shape, np.float32)
+        label = f"{b}x{h}x{sq}x{d} (takes {taken})"
+        print(f"  {label:34s} {times[0]:7.2f} / {times[1]:7.2f}")
+
+
+def _permuted_layer_norm(rng, calls: int) -> None:
+    from onemodel.numba import norm
+    from onemodel.tensors.ops.specialize import CallSite, specialize
+
+    print("LayerNorm of a permuted channels-first view: planned / copy and rows (us)")
+    for shape in ((2, 96, 16, 16), (2, 192, 8, 8), (2, 8, 8, 8)):
+        c = shape[1]
+        view = rng.standard_normal(shape).astype(np.float32).transpose(0, 2, 3, 1)
+        scale, bias = _frozen(rng, (c,)), _frozen(rng, (c,))
+        site = CallSite((view.shape, (c,), (c,)), (view.dtype,) * 3, (None, scale, bias), {},
+                        (view.shape, None, None), norm.layer_normalization)
+        call = specialize(norm.layer_normalization, site)  # a node naming Y alone
+        want = norm.layer_normalization(np.ascontiguousarray(view), scale, bias)[0]
+        assert np.abs(call(view, scale, bias)[0] - want).max() <= 1e-5
+        def rows(view=view, scale=scale, bias=bias):
+            return norm.layer_normalization(np.ascontiguousarray(view), scale, bias)
+        label = "x".join(map(str, view.shape))
+        print(f"  {label:34s} {_median_us(partial(call, view, scale, bias), calls):7.2f} / "
+              f"{_median_us(rows, calls):7.2f}")
+
+
+def _narrow_tiles(rng, calls: int) -> None:
+    from onemodel.numba import conv, tiled
+
+    print("a 16-output stem 2x3x64x64 3x3/2: tiles of sixteen / two blocks of eight (us)")
+    xs, ws, attrs = (2, 3, 64, 64), (16, 3, 3, 3), dict(pads=(1, 1, 1, 1), strides=(2, 2))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w, b = _frozen(rng, ws), _frozen(rng, (16,))
+    want = conv.conv(x, w, b, **attrs)
+    prepared = tiled.Tiled(w, conv._plan(xs, ws, 4, None, conv._key(attrs["strides"]),
+                                         conv._key(attrs["pads"]), None, "NOTSET", 1, True),
+                           xs)
+    assert prepared.kernel is tiled._tiles16
+    eights = tiled.weights(np.asarray(w), tiled.NARROW_BLOCK)
+    y = np.empty_like(want)
+    args = (prepared.xoff, prepared.pix_in, np.asarray(b), True, 0, 1, 1, prepared.hp,
+            prepared.wq, y)
+    tiled._tiles8(x, eights, *args)
+    assert np.abs(y - want).max() <= 1e-4
+    sixteen = _median_us(partial(tiled._tiles16, x, prepared.wp, *args), calls)
+    eight = _median_us(partial(tiled._tiles8, x, eights, *args), calls)
+    print(f"  {'2x3x64x64 -> 16':34s} {sixteen:7.2f} / {eight:7.2f}")
 
 
 def _panels(rng, calls: int, sweep) -> None:
@@ -177,7 +249,8 @@ def _panels(rng, calls: int, sweep) -> None:
     print("MatMul rows x K x N: panels / BLAS / skinny, weights in cache ; out of cache (us)")
     for m, k, n in ((512, 96, 384), (512, 384, 96), (128, 192, 768), (128, 768, 192),
                     (32, 384, 1536), (32, 1536, 384), (8, 768, 3072), (8, 3072, 768),
-                    (4, 768, 768), (394, 768, 192), (2048, 768, 3072), (1000, 32, 8)):
+                    (4, 768, 768), (394, 768, 192), (2048, 768, 3072), (1000, 32, 8),
+                    (1, 576, 1024), (2, 576, 1024), (3, 576, 1024), (1, 2048, 1000)):
         a = rng.standard_normal((m, k)).astype(np.float32)
         b = rng.standard_normal((k, n)).astype(np.float32)
         bp, bt = panels.pack(b), np.ascontiguousarray(b.T)
