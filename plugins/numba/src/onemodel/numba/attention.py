@@ -2,8 +2,8 @@
 
 float32 heads of up to 32 K multiply-adds with rows of Q and V of at most 32 take register
 tiles of eight lanes (:func:`_attention_lanes`): the products four rows by eight lanes, one
-flat exp over the head's scores. Other small heads (a few thousand multiply-adds: float64,
-hosts without FMA, longer rows) take one kernel that works a query row at a time: its
+flat exp over the head's scores. Other heads of up to 1,024 multiply-adds (float64, hosts
+without FMA, longer rows) take one kernel that works a query row at a time: its
 scores, their softmax and the weighted sum of V's rows, with the row in a scratch buffer,
 reading Q, Kt, V and the mask through their strides (the transposed views exported graphs
 hand over are never copied) and broadcasting the mask by index. Larger heads keep their
