@@ -104,6 +104,37 @@ def test_one_thread_session_by_the_numba_register_tiles_agrees_with_onnxruntime(
         assert bool(taken) == host_has_fma(), taken
 
 
+def test_convnext_layer_norms_read_their_permuted_views(monkeypatch):
+    """transformers' ConvNeXt normalizes each block's (N, H, W, C) permutation of a
+    channels-first activation: the numba plugin's LayerNorm reads those views without copying
+    them (its channels kernel, bound at a one-thread session's first call); the outputs agree
+    with onnxruntime."""
+    bound = []
+    try:
+        from onemodel.numba import _jit, norm
+    except ImportError:  # the core without the plugin: the reference kernels
+        norm = None
+    else:
+        real_bind = _jit.bind
+
+        def bind(slot, kernel, args):
+            if kernel is norm._layer_norm_channels.serial:
+                bound.append(args[0].shape)
+            return real_bind(slot, kernel, args)
+        monkeypatch.setattr(_jit, "bind", bind)
+    spec = builders.specs()["convnext"]
+    path = builders.exported("convnext", "torchscript")
+    session, ref = Session.load(path, threads=1), _ort(path)
+    for which in (0, 1):
+        feeds = spec.feeds(which, "torchscript")
+        want = ref.run(None, feeds)[0]
+        got = session.run(feeds, return_numpy=True)[spec.outputs[0]]
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
+    if norm is not None:
+        assert bound, "no LayerNorm read a permuted view"
+
+
 def feeds_shapes(feeds) -> str:
     return ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
 

@@ -226,3 +226,34 @@ def test_depthwise_lanes_and_pointwise_tiles_agree_with_onnxruntime(monkeypatch)
         assert {(2, 24, 32, 32), (2, 240, 4, 4)} <= set(planned), sorted(set(planned))
         # pixel lanes over 16x16 planes, channel lanes over 2x2 planes
         assert {(2, 16, 16, 16), (2, 96, 2, 2)} <= set(pointwise), sorted(set(pointwise))
+
+
+@pytest.mark.torch
+def test_mobilenet_v3_small_head_on_panels_and_stem_on_sixteen_channel_tiles(monkeypatch):
+    """MobileNetV3-Small at 2x3x64x64 by a one-thread session: its classifier head (a Linear
+    576 -> 1024 at batch 2, which PyTorch exports as Gemm with transB=1) goes by the numba
+    plugin's packed panels over the weights' frozen transpose, and its 3-channel stem (16
+    outputs) by register tiles of sixteen channels (when the CPU has AVX2 and FMA); the whole
+    network agrees with onnxruntime."""
+    panels, stems = [], []
+    try:
+        from onemodel.numba import gemm, tiled
+    except ImportError:  # the core without the plugin: the reference kernels
+        tiled = None
+    else:
+        real_panels, real_run = gemm._panel_product, tiled.Tiled.run
+
+        def panel_product(b, *args):
+            panels.append(b.shape)
+            return real_panels(b, *args)
+
+        def run(self, X, *args):
+            if self.kernel is tiled._tiles16:
+                stems.append(X.shape)
+            return real_run(self, X, *args)
+        monkeypatch.setattr(gemm, "_panel_product", panel_product)
+        monkeypatch.setattr(tiled.Tiled, "run", run)
+    _agrees_with_onnxruntime("tv_mobilenet_v3_small", (2, 3, 64, 64), seed=10)
+    if tiled is not None and tiled.host_has_fma():
+        assert (576, 1024) in panels, panels
+        assert (2, 3, 64, 64) in stems, stems

@@ -11,6 +11,16 @@ from onemodel.tensors import DType, Tensor
 from onemodel.tensors.dispatch import dispatch
 
 
+def frozen_bytes(arr) -> bool:
+    """Whether ``arr`` is a read-only view of immutable bytes (``passes.base.frozen``): what a
+    pass's own copy of weights must be for kernels to lay it out once, as a file's constants."""
+    while isinstance(arr, np.ndarray):
+        if arr.flags.writeable:
+            return False
+        arr = arr.base
+    return isinstance(arr, bytes)
+
+
 def f32(rng, *shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from runtime_graphs import attention, conv_net, f32, mlp, random_feeds
+from runtime_graphs import attention, conv_net, f32, frozen_bytes, mlp, random_feeds
 
 from onemodel.runtime import GraphBuilder, Session
 from onemodel.runtime.passes import (
@@ -552,16 +552,7 @@ def test_gemm_weights_read_transposed_are_stored_transposed_once():
     assert gemms[0].inputs[1] == gemms[1].inputs[1] and "w" not in g.initializers
     np.testing.assert_array_equal(g.initializers[gemms[0].inputs[1]],
                                   b.build().initializers["w"].T)
-    assert _frozen(g.initializers[gemms[0].inputs[1]])
-
-
-def _frozen(arr) -> bool:
-    """A read-only view of immutable bytes (base.frozen): kernels may lay it out once."""
-    while isinstance(arr, np.ndarray):
-        if arr.flags.writeable:
-            return False
-        arr = arr.base
-    return isinstance(arr, bytes)
+    assert frozen_bytes(g.initializers[gemms[0].inputs[1]])
 
 
 def _rms_graph(square="Pow", reciprocal="Div1", weight_first=True, axes=(-1,), shared=False,

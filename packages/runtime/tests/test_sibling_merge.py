@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from runtime_graphs import f32
+from runtime_graphs import f32, frozen_bytes
 
 from onemodel.runtime import GraphBuilder, Session
 from onemodel.runtime.passes import PassManager, SiblingMatMulMerge
@@ -37,15 +37,6 @@ def _graph(biases=(True, True, True), widths=(16, 16, 8), rows=(16, 16, 16), wei
     return b.build()
 
 
-def _frozen(arr) -> bool:
-    """A read-only view of immutable bytes (passes.base.frozen)."""
-    while isinstance(arr, np.ndarray):
-        if arr.flags.writeable:
-            return False
-        arr = arr.base
-    return isinstance(arr, bytes)
-
-
 def _run_pass(graph):
     optimized = graph.copy()
     counts = PassManager([SiblingMatMulMerge()]).run(optimized)
@@ -72,7 +63,7 @@ def test_projections_of_one_input_become_one_product(biases, bias_left):
     assert ops.count("Add") == (1 if all(biases) else sum(biases))
     merged = [a for name, a in optimized.initializers.items()
               if "_merged" in name and "_sizes" not in name]
-    assert merged and all(_frozen(a) for a in merged)  # kernels may lay them out once
+    assert merged and all(frozen_bytes(a) for a in merged)  # kernels may lay them out once
     session, plain = Session(optimized, optimize=False), Session(graph, optimize=False)
     rng = np.random.default_rng(1)
     for batch, seq in ((1, 1), (2, 5), (3, 17)):
