@@ -304,11 +304,40 @@ def _aligned(*values):
     return [tuple(v) * n if len(v) == 1 else tuple(v) for v in values]
 
 
-def _nonnegative(d) -> bool:
-    """A size expression whose every constant is >= 0 (no subtraction) cannot be negative."""
+def _lower_bound(d) -> int | None:
+    """A lower bound of a size expression, its symbols being sizes (>= 0), or None when this
+    walk cannot tell. A convolution's output size ``((h - 1) // 2) + 1`` holds a -1 yet is at
+    least 0: the bound follows floor division, which a check for negative constants did not."""
     if not isinstance(d, sym.DimExpr):
-        return int(d) >= 0
-    return d.kind == "sym" or all(_nonnegative(a) for a in d.args)
+        return int(d)
+    if d.kind == "sym":
+        return 0
+    bounds = [_lower_bound(a) for a in d.args]
+    if any(b is None for b in bounds):
+        return None
+    if d.kind == "+":
+        return sum(bounds)
+    if d.kind == "*":
+        if any(b < 0 for b in bounds):
+            return None
+        out = 1
+        for b in bounds:
+            out *= b
+        return out
+    divisor = d.args[1] if d.kind in ("//", "%") else None
+    if d.kind == "//" and not isinstance(divisor, sym.DimExpr) and int(divisor) > 0:
+        return bounds[0] // int(divisor)
+    if d.kind == "%" and not isinstance(divisor, sym.DimExpr) and int(divisor) > 0:
+        return 0
+    if d.kind == "broadcast":
+        return min(bounds)
+    return None
+
+
+def _nonnegative(d) -> bool:
+    """Whether a size expression cannot be negative (see :func:`_lower_bound`)."""
+    bound = _lower_bound(d)
+    return bound is not None and bound >= 0
 
 
 def _equal_value(in_specs, values, attrs):
