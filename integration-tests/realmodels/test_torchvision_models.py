@@ -257,3 +257,37 @@ def test_mobilenet_v3_small_head_on_panels_and_stem_on_sixteen_channel_tiles(mon
     if tiled is not None and tiled.host_has_fma():
         assert (576, 1024) in panels, panels
         assert (2, 3, 64, 64) in stems, stems
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("model", "adds", "activation", "seed"),
+                         [("tv_mnasnet", 10, "", 11), ("tv_resnet18", 8, "Relu", 12)])
+def test_residual_adds_fused_into_their_convolutions_agree_with_onnxruntime(
+        monkeypatch, model, adds, activation, seed):
+    """With the numba plugin, each residual Add (and the Relu after it) runs in the
+    convolution before it (FusedConv with Z): MNASNet's ten after 1x1 projections, which the
+    1x1 lanes kernels add as they store their output over planes of 8x8 and less (when the
+    CPU has AVX2 and FMA);
+    ResNet-18's eight Add+Relu after 3x3 convolutions. The whole network agrees with
+    onnxruntime."""
+    session = Session.load(tvm.exported(model, "torchscript"), threads=1)
+    residual = [n for n in session.graph.nodes if n.op == "FusedConv" and len(n.inputs) > 3]
+    lanes = []
+    try:
+        from onemodel.numba import conv, pointwise
+    except ImportError:  # the core without the plugin (nor its pass): the Adds stay
+        pointwise = None
+        assert residual == []
+    else:
+        assert len(residual) == adds, [n.name for n in residual]
+        assert {n.attrs["activation"] for n in residual} == {activation}
+        real_site = conv._pointwise_residual_site
+
+        def recorded(kernel, args, xshape, *rest):
+            lanes.append(tuple(xshape))
+            return real_site(kernel, args, xshape, *rest)
+        monkeypatch.setattr(conv, "_pointwise_residual_site", recorded)
+    _agrees_with_onnxruntime(model, (2, 3, 64, 64), seed=seed)
+    if pointwise is not None and pointwise.host_has_fma() and model == "tv_mnasnet":
+        # pixel lanes over 8x8 and 4x4 planes, channel lanes over 2x2 (the rest: tiles)
+        assert {(2, 72, 8, 8), (2, 240, 4, 4), (2, 576, 2, 2)} <= set(lanes), lanes

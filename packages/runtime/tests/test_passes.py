@@ -13,6 +13,7 @@ from onemodel.runtime.passes import (
     BatchNormFolding,
     CommonSubexpressionElimination,
     ConstantFolding,
+    ConvResidualFusion,
     DeadCodeElimination,
     GemmWeightLayout,
     IdentityElimination,
@@ -601,3 +602,105 @@ def test_rms_norm_lookalikes_are_left_alone(kwargs):
     counts = PassManager([RMSNormFusion()]).run(optimized)
     assert counts["rms-norm-fusion"] == 0
     assert "RMSNormalization" not in {n.op for n in optimized.nodes}
+
+
+def _residual_stack(blocks: int, *, activation: str | None = "Relu"):
+    """``blocks`` residual blocks h = act(conv(h) + h), ``act`` Relu (ResNet) or none
+    (MobileNetV2), and the torch function computing the same."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    h = b.input("x", DType.F32, ("batch", 4, 5, 5))
+    params = []
+    for k in range(blocks):
+        w, bias = f32(rng, 4, 4, 3, 3, scale=0.3), f32(rng, 4)
+        params.append((w, bias))
+        y = b.op("Conv", h, b.initializer(f"w{k}", w), b.initializer(f"b{k}", bias),
+                 pads=(1, 1, 1, 1))
+        h = b.op("Add", y, h) if k % 2 else b.op("Add", h, y)  # the addends either way round
+        if activation:
+            h = b.op(activation, h)
+    b.output(h, "out")
+
+    def torch_stack(x):
+        import torch
+
+        t = torch.from_numpy(x)
+        for w, bias in params:
+            t = torch.nn.functional.conv2d(t, torch.from_numpy(w), torch.from_numpy(bias),
+                                           padding=1) + t
+            if activation:
+                t = torch.relu(t)
+        return t.numpy()
+    return b.build(), torch_stack
+
+
+@pytest.mark.parametrize("activation", ["Relu", None])
+def test_residual_adds_fuse_into_the_conv_at_every_site_equal_to_torch(activation):
+    """Each Conv whose only reader is an Add of a value of its shape (a residual block), and
+    the Relu that alone reads the sum, become one FusedConv(X, W, B, Z): all 25 sites in one
+    pass call, equal to torch's conv2d(h) + h (then relu)."""
+    graph, torch_stack = _residual_stack(25, activation=activation)
+    gone = ("Add", "Relu") if activation else ("Add",)
+    g, counts = _check(graph, [ConvResidualFusion()], expect_ops_gone=gone)
+    assert counts["conv-residual-fusion"] == 25
+    fused = [n for n in g.nodes if n.op == "FusedConv"]
+    assert len(fused) == 25 and {n.attrs["activation"] for n in fused} == {activation or ""}
+    assert all(n.inputs[3] in (g.inputs[0].name, *(m.outputs[0] for m in fused))
+               for n in fused)
+    x = np.random.default_rng(9).standard_normal((3, 4, 5, 5)).astype(np.float32)
+    want = torch_stack(x)
+    for session in (Session(g, optimize=False), Session(graph)):  # (sums grow block by block)
+        np.testing.assert_allclose(session.run({"x": x})["out"].numpy(), want, rtol=1e-4,
+                                   atol=1e-6 * float(np.abs(want).max()))
+
+
+def test_a_sum_of_two_convolutions_fuses_one_of_them():
+    """Add(conv_a(x), conv_b(x)): one Conv takes the other's output as Z; the other stays a
+    Conv, and the graph still computes the sum."""
+    rng = np.random.default_rng(6)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 3, 4, 4))
+    ya = b.op("Conv", x, b.initializer("wa", f32(rng, 5, 3, 1, 1)))
+    yb = b.op("Conv", x, b.initializer("wb", f32(rng, 5, 3, 3, 3)), pads=(1, 1, 1, 1))
+    b.output(b.op("Add", ya, yb), "out")
+    g, counts = _check(b.build(), [ConvResidualFusion()], expect_ops_gone=("Add",))
+    assert counts["conv-residual-fusion"] == 1
+    assert sorted(n.op for n in g.nodes if n.op != "Identity") == ["Conv", "FusedConv"]
+    fused = next(n for n in g.nodes if n.op == "FusedConv")
+    assert len(fused.inputs) == 4 and fused.inputs[2] == ""  # no bias: its place kept empty
+
+
+@pytest.mark.parametrize("case", ["broadcast", "read_twice", "output", "shared_sum"])
+def test_residual_fusion_leaves_what_it_cannot_fuse(case):
+    """An addend that broadcasts (a per-channel shift), a Conv output read by anything else
+    or a graph output, stay an Add; an activation read by anything else stays separate."""
+    rng = np.random.default_rng(7)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 3, 4, 4))
+    y = b.op("Conv", x, b.initializer("w", f32(rng, 3, 3, 3, 3)), pads=(1, 1, 1, 1))
+    if case == "broadcast":
+        b.output(b.op("Add", y, b.initializer("shift", f32(rng, 1, 3, 1, 1))), "out")
+    elif case == "read_twice":
+        b.output(b.op("Add", y, x), "out")
+        b.output(b.op("Tanh", y), "other")
+    elif case == "output":
+        b.output(b.op("Add", y, x), "out")
+        b.output(y, "conv")
+    else:  # the Relu's input also a graph output: the Add fuses, the Relu stays
+        s = b.op("Add", y, x)
+        b.output(b.op("Relu", s), "out")
+        b.output(s, "sum")
+    graph = b.build()
+    optimized = graph.copy()
+    counts = PassManager([ConvResidualFusion()]).run(optimized)
+    ops = sorted(n.op for n in optimized.nodes if n.op != "Identity")  # (outputs' names)
+    if case == "shared_sum":
+        assert counts["conv-residual-fusion"] == 1 and ops == ["FusedConv", "Relu"]
+        assert next(n for n in optimized.nodes if n.op == "FusedConv").attrs["activation"] == ""
+    else:
+        assert counts["conv-residual-fusion"] == 0 and "FusedConv" not in ops
+    feeds = random_feeds(graph, {"batch": 2}, seed=1)
+    plain, fast = Session(graph, optimize=False), Session(optimized, optimize=False)
+    for name, want in plain.run(feeds).items():
+        np.testing.assert_allclose(fast.run(feeds)[name].numpy(), want.numpy(), rtol=1e-5,
+                                   atol=1e-6)

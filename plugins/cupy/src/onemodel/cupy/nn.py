@@ -76,6 +76,8 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
 
 
 def _activate(xp, y, activation):
+    if activation == "":  # a residual FusedConv without an activation after its Add
+        return y
     if activation == "Relu":
         return xp.maximum(y, scalar(0, y.dtype), out=y)
     if activation == "Tanh":
@@ -95,12 +97,14 @@ def _activate(xp, y, activation):
                      "HardSwish, Relu6 or Silu")
 
 
-def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=None, group=1,
-               kernel_shape=None, pads=None, strides=None):
-    """Conv followed by ``activation`` (one of onemodel.tensors' fused ACTIVATIONS) on its
-    output, in place."""
+def fused_conv(X, W, B=None, Z=None, *, activation="Relu", auto_pad="NOTSET", dilations=None,
+               group=1, kernel_shape=None, pads=None, strides=None):
+    """Conv, plus the residual ``Z`` when given, followed by ``activation`` (one of
+    onemodel.tensors' fused ACTIVATIONS, or "") on its output, in place."""
     y = conv(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
              kernel_shape=kernel_shape, pads=pads, strides=strides)
+    if Z is not None:
+        y = y + Z
     return _activate(namespace(y), y, activation)
 
 

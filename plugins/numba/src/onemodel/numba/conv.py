@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import numpy as np
 
 from numba import prange, types
 from numba.extending import overload
 from onemodel.tensors.errors import ShapeError
+from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.nn import _convt_geometry, _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
@@ -1541,11 +1543,49 @@ def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     return _conv(X, W, B, 0, auto_pad, dilations, group, kernel_shape, pads, strides, out)
 
 
-def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=None, group=1,
-               kernel_shape=None, pads=None, strides=None, out=None):
-    """Conv followed by Relu, Sigmoid or Tanh, applied in the same pass as the bias."""
-    return _conv(X, W, B, ACT_CODES[activation], auto_pad, dilations, group, kernel_shape, pads,
-                 strides, out)
+def fused_conv(X, W, B=None, Z=None, *, activation="Relu", auto_pad="NOTSET", dilations=None,
+               group=1, kernel_shape=None, pads=None, strides=None, out=None):
+    """Conv followed by its activation, applied in the same pass as the bias; with ``Z`` (a
+    residual Add's other addend), the convolution, then Z added and the activation applied
+    in one pass over the output (:func:`_add_activate`)."""
+    if Z is None:
+        return _conv(X, W, B, ACT_CODES[activation], auto_pad, dilations, group, kernel_shape,
+                     pads, strides, out)
+    if Z.dtype == X.dtype:
+        y = _conv(X, W, B, 0, auto_pad, dilations, group, kernel_shape, pads, strides, out)
+        if Z.shape == y.shape and y.flags.c_contiguous:
+            pick(_add_activate)(y, np.ascontiguousarray(Z), ACT_CODES[activation])
+            return y
+    # what the reference makes of it: a Z that broadcasts, or of another dtype (numpy's
+    # promotion, as the Add did), or an error naming the shapes
+    ref = OPS["FusedConv"].kernel(X, W, B, Z, activation=activation, auto_pad=auto_pad,
+                                  dilations=dilations, group=group, kernel_shape=kernel_shape,
+                                  pads=pads, strides=strides)
+    if out is None:
+        return ref
+    out[...] = ref
+    return out
+
+
+@jit(parallel=True)
+def _add_activate(y, z, act):
+    """y = act(y + z) in place, for C-contiguous ``y`` and ``z`` of one shape: a residual
+    FusedConv's Add and activation after its convolution."""
+    yf = y.reshape(y.size)
+    zf = z.reshape(z.size)
+    zero = np.zeros(1, y.dtype)[0]
+    for i in prange(yf.shape[0]):
+        yf[i] += zf[i]
+    _activate_in_place(yf, 0, yf.shape[0], act, zero)
+
+
+@jit()
+def _residual_in_place(yf, zf, act, zero):
+    """yf = act(yf + zf) (flat arrays of one length): the end of a kernel that adds a
+    residual FusedConv's Z itself (pointwise.py)."""
+    for i in range(yf.shape[0]):
+        yf[U(i)] += zf[U(i)]
+    _activate_in_place(yf, 0, yf.shape[0], act, zero)
 
 
 def _attrs_2d(kernel_shape, pads, strides, dilations):
@@ -1753,9 +1793,45 @@ def _conv_at(site: CallSite):
 
 @specializer(fused_conv)
 def _fused_conv_at(site: CallSite):
-    """FusedConv planned for its shapes, as :func:`_conv_at` (the activation's code once)."""
+    """FusedConv planned for its shapes, as :func:`_conv_at` (the activation's code once);
+    with a residual Z, :func:`_residual_site`."""
     act = ACT_CODES.get(site.attrs.get("activation", "Relu"))
-    return None if act is None else _conv_site(site, act)
+    if act is None:
+        return None
+    if len(site.shapes) > 3 and site.shapes[3] is not None:
+        return _residual_site(site, act)
+    return _conv_site(site, act)
+
+
+def _residual_site(site: CallSite, act: int):
+    """FusedConv(X, W, B, Z): the convolution's own planned call without an activation, then
+    Z added and the activation applied in one pass (:func:`_add_activate`). A Z of another
+    shape, dtype or layout than planned, or an output the convolution's call did not make
+    C-contiguous, takes the generic call."""
+    yshape, dtype = site.out_shapes[0], site.dtypes[0]
+    if yshape is None or site.shapes[3] != yshape or site.dtypes[3] != dtype:
+        return None
+    attrs = {k: v for k, v in site.attrs.items() if k != "activation"}
+    generic = site.generic
+    inner = _conv_site(replace(site, shapes=site.shapes[:3], dtypes=site.dtypes[:3],
+                               values=site.values[:3], attrs=attrs,
+                               generic=functools.partial(conv, **attrs)), act, generic)
+    if inner is None or getattr(inner, "adds_residual", False):
+        return inner
+    bound = [None]  # the serial pass's machine code (_jit.entry), bound at the first call
+
+    def residual_at(X, W, B=None, Z=None, out=None):
+        if Z is None or Z.shape != yshape or Z.dtype != dtype or not Z.flags.c_contiguous:
+            return generic(X, W, B, Z, out=out)
+        y = inner(X, W, B, out=out)
+        if y.shape != yshape or not y.flags.c_contiguous:
+            return generic(X, W, B, Z, out=out)
+        if _jit._parallel:
+            _add_activate(y, Z, act)
+        else:
+            (bound[0] or _jit.bind(bound, _add_activate.serial, (y, Z, act)))(y, Z, act)
+        return y
+    return residual_at
 
 
 def _prepared_weights(plan, xshape, w):
@@ -1826,7 +1902,14 @@ def _ready(value) -> bool:
     return isinstance(value, np.ndarray) and value.flags.c_contiguous
 
 
-def _conv_site(site: CallSite, act: int):
+def _conv_site(site: CallSite, act: int, residual=None):
+    """The planned call of a convolution. ``residual``: the generic call of the residual
+    FusedConv whose convolution ``site`` is (its Z left out): then a 1x1 lanes kernel's call
+    that adds Z and applies ``act`` itself (marked ``adds_residual``), else the convolution's
+    call without an activation (:func:`_residual_site` adds Z and applies it)."""
+    lanes_act = act
+    if residual is not None:
+        act = 0
     shapes, dtypes, values = site.shapes, site.dtypes, site.values
     if len(shapes) < 2 or shapes[0] is None or shapes[1] is None:
         return None
@@ -1882,7 +1965,7 @@ def _conv_site(site: CallSite, act: int):
                 plan, x4, w4, group)) and (
                 not has_bias or (b_const is not _UNSET and _immutable(b_const))):
             return _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias,
-                                   act, site.generic)
+                                   lanes_act, site.generic, residual)
     w_prepared = _prepared_weights(plan, x4, w_ready) if w_ready is not None and _immutable(w_ready) \
         else None
     if plan[0] == _SMALL:
@@ -2089,11 +2172,13 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
     return depthwise_at
 
 
-def _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias, act, generic):
+def _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias, act, generic,
+                    residual=None):
     """The planned call of a small float32 1x1 convolution with constant weights and bias
     (:mod:`.pointwise`): the kernel and its packed operands chosen once, so a call checks
     its arrays and runs the kernel's machine code. Anything else (other weights or bias, an
-    input or ``out`` of another shape, dtype or layout) goes to the generic call."""
+    input or ``out`` of another shape, dtype or layout) goes to the generic call. With
+    ``residual`` (a residual FusedConv's generic call), the kernel's variant that adds Z."""
     from . import pointwise
 
     dtype = np.dtype(np.float32)
@@ -2104,6 +2189,9 @@ def _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias, a
     else:
         args = (w_ready.reshape(-1), bias if has_bias else _NO_BIAS[dtype], has_bias, act)
     bound = [None]  # the kernel's machine code for these types (_jit.entry), from the first call
+    if residual is not None:
+        return _pointwise_residual_site(pointwise.RESIDUAL[kernel], args, xshape, yshape,
+                                        w_const, b_const, has_bias, residual)
 
     def pointwise_at(X, W, B=None, out=None):
         if W is not w_const or (B is not b_const if has_bias else B is not None) or \
@@ -2116,6 +2204,29 @@ def _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias, a
         (bound[0] or _jit.bind(bound, kernel, (X, *args, y)))(X, *args, y)
         return y
     return pointwise_at
+
+
+def _pointwise_residual_site(kernel, args, xshape, yshape, w_const, b_const, has_bias,
+                             generic):
+    """:func:`_pointwise_site`'s call for a residual FusedConv(X, W, B, Z): ``kernel`` adds
+    Z (C-contiguous float32 of the output's shape, else the generic call) before the
+    activation, as it stores the output."""
+    dtype = np.dtype(np.float32)
+    bound = [None]  # the kernel's machine code for these types (_jit.entry), from the first call
+
+    def pointwise_residual_at(X, W, B=None, Z=None, out=None):
+        if W is not w_const or (B is not b_const if has_bias else B is not None) or \
+                X.shape != xshape or X.dtype != dtype or Z is None or Z.shape != yshape or \
+                Z.dtype != dtype or not Z.flags.c_contiguous or (out is not None and (
+                    out.shape != yshape or out.dtype != dtype or not out.flags.carray)):
+            return generic(X, W, B, Z, out=out)
+        if not X.flags.c_contiguous:
+            X = np.ascontiguousarray(X)
+        y = np.empty(yshape, dtype) if out is None else out
+        (bound[0] or _jit.bind(bound, kernel, (X, *args, Z, y)))(X, *args, Z, y)
+        return y
+    pointwise_residual_at.adds_residual = True
+    return pointwise_residual_at
 
 
 def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, table):

@@ -74,6 +74,11 @@ def onemodel_register_passes(register) -> None:
     # Gemm, before dead-code elimination (70)
     register("elementwise-fusion", "onemodel.runtime.passes.fusion:ElementwiseFusion",
              order=65)
+    # after activation fusion (which leaves a Conv followed by an Add alone), before elementwise
+    # fusion would take the Add (and its Relu) into a chain; this plugin's 1x1 kernels add Z
+    # as they store their output (the reference adds it after, as the Add did)
+    register("conv-residual-fusion", "onemodel.runtime.passes.rewrites:ConvResidualFusion",
+             order=62)
     # before elementwise fusion takes the scores' scale and mask into a chain; the fused node
     # pays off with this plugin's one-pass kernel (the reference runs the same ops in turn)
     register("attention-fusion", "onemodel.runtime.passes.attention:AttentionFusion", order=57)

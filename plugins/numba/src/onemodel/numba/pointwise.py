@@ -32,7 +32,7 @@ from ._simd import fma8, host_has_fma, load8, splat8, store8
 # the kernels compile conv._activate_in_place into their own machine code; numba would keep
 # that code cached after a change to conv.py alone, so the package's cache is dropped
 # whenever any of its sources change (_cache.py)
-from .conv import U, _activate_in_place
+from .conv import U, _activate_in_place, _residual_in_place
 
 PIXEL_LANES_ALWAYS = 16  # pixels in a plane
 PIXEL_LANES_MAX_INPUT = 12 << 10  # floats in one image's input (C * pixels), not reached...
@@ -256,6 +256,21 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
 def pixel_lanes(x, wf, bias, has_bias, act, y):
     """y = act(conv1x1(x) + bias) for C-contiguous float32 NCHW ``x`` and ``y``, ``wf`` the
     weights flat (M * C): eight pixels in a vector (module docstring)."""
+    _pixel_products(x, wf, bias, has_bias, y)
+    _activate_in_place(y.reshape(y.size), 0, y.size, act, np.float32(0.0))
+
+
+@jit()
+def pixel_lanes_residual(x, wf, bias, has_bias, act, z, y):
+    """:func:`pixel_lanes` with ``z`` (C-contiguous, of y's shape) added before the
+    activation: a residual FusedConv, whose Add was a step of its own."""
+    _pixel_products(x, wf, bias, has_bias, y)
+    _residual_in_place(y.reshape(y.size), z.reshape(z.size), act, np.float32(0.0))
+
+
+@jit()
+def _pixel_products(x, wf, bias, has_bias, y):
+    """y = conv1x1(x) + bias: :func:`pixel_lanes` before its activation."""
     n_img, c_in = x.shape[0], x.shape[1]
     m_out = y.shape[1]
     plane = y.size // (n_img * m_out)
@@ -284,7 +299,6 @@ def pixel_lanes(x, wf, bias, has_bias, act, y):
                 dst = (img * m_out + m) * plane
                 for p in range(plane):
                     yf[U(dst + p)] = res[U(src + p)]
-    _activate_in_place(yf, 0, y.size, act, np.float32(0.0))
 
 
 @jit()
@@ -294,6 +308,25 @@ def channel_lanes(x, wp, bp, act, y):
     pixels (of the images' flat pixel order) per tile; the last tile repeats its last pixel
     and stores only the pixels there are. Blocks of channels outside, pixels inside: each
     weight is read from memory once, however many pixels there are."""
+    _channel_products(x, wp, bp, y)
+    _activate_in_place(y.reshape(y.size), 0, y.size, act, np.float32(0.0))
+
+
+@jit()
+def channel_lanes_residual(x, wp, bp, act, z, y):
+    """:func:`channel_lanes` with ``z`` (C-contiguous, of y's shape) added before the
+    activation (see :func:`pixel_lanes_residual`)."""
+    _channel_products(x, wp, bp, y)
+    _residual_in_place(y.reshape(y.size), z.reshape(z.size), act, np.float32(0.0))
+
+
+# each lanes kernel's variant that adds a residual Z before its activation
+RESIDUAL = {pixel_lanes: pixel_lanes_residual, channel_lanes: channel_lanes_residual}
+
+
+@jit()
+def _channel_products(x, wp, bp, y):
+    """y = conv1x1(x) + bias: :func:`channel_lanes` before its activation."""
     n_img, c_in = x.shape[0], x.shape[1]
     m_out = y.shape[1]
     plane = y.size // (n_img * m_out)
@@ -425,4 +458,3 @@ def channel_lanes(x, wp, bp, act, y):
         ob = (j // plane) * m_out * plane + j % plane
         for m in range(m_out):
             yf[U(ob + m * plane)] = res[U(j * mpad + m)]
-    _activate_in_place(yf, 0, y.size, act, np.float32(0.0))

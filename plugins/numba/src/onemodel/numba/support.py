@@ -16,10 +16,12 @@ def _float(*arrays) -> bool:
     return dt in _FLOATS and all(a is None or a.dtype == dt for a in arrays)
 
 
-def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-         pads=None, strides=None, activation=""):
-    """1-D and 2-D convolutions of float32/float64 with matching weight and bias dtypes."""
-    if X.ndim not in (3, 4) or W.ndim != X.ndim or not _float(X, W, B):
+def conv(X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, group=1,
+         kernel_shape=None, pads=None, strides=None, activation=""):
+    """1-D and 2-D convolutions of float32/float64 with matching weight, bias and residual
+    (FusedConv's Z, of the input's rank) dtypes."""
+    if X.ndim not in (3, 4) or W.ndim != X.ndim or not _float(X, W, B, Z) or (
+            Z is not None and Z.ndim != X.ndim):
         return False
     if kernel_shape and tuple(kernel_shape) != tuple(W.shape[2:]):
         return False

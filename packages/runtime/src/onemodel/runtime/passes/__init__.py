@@ -9,6 +9,7 @@ from .folding import ConstantFolding
 from .rewrites import (
     ActivationFusion,
     BatchNormFolding,
+    ConvResidualFusion,
     GemmWeightLayout,
     MatMulAddToGemm,
     RMSNormFusion,
@@ -18,6 +19,7 @@ from .siblings import SiblingMatMulMerge
 
 __all__ = ["ActivationFusion", "AttentionFusion", "BatchNormFolding", "BatchNormToAffine",
            "CommonSubexpressionElimination", "ConstantFolding", "ConvAffineFolding",
+           "ConvResidualFusion",
            "DeadCodeElimination",
            "GemmWeightLayout", "IdentityElimination", "MatMulAddToGemm", "Pass", "PassManager",
            "RMSNormFusion", "SiblingMatMulMerge", "SkipLayerNormFusion"]

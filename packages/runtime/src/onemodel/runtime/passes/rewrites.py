@@ -1,5 +1,6 @@
 """Rewrites that make fewer, bigger kernels: BatchNorm folded into Conv or Gemm, MatMul+Add to
-Gemm, an activation fused into the Conv or Gemm before it, RMS normalization written out
+Gemm, an activation fused into the Conv or Gemm before it, a residual Add (and the activation
+after it) fused into the Conv before it, RMS normalization written out
 node by node made one RMSNormalization, and a residual Add with the LayerNormalization after it
 made one SkipLayerNormalization."""
 
@@ -166,6 +167,65 @@ class ActivationFusion(Pass):
                 uses.producer[o] = fused
             for n in gone:
                 graph.nodes.remove(n)
+            done += 1
+        return PassResult(done)
+
+
+class ConvResidualFusion(Pass):
+    name = "conv-residual-fusion"
+    changes = ("replaces a Conv whose only reader is an Add of another value of the Conv's "
+               "output shape and dtype (a residual connection), with the activation that alone "
+               "reads the sum (as activation-fusion takes them), by one FusedConv(X, W, B, Z), "
+               "Z the other addend")
+
+    # Why: MobileNets, EfficientNet, MnasNet and ResNets end each residual block with a Conv,
+    # an Add and often a Relu; fused, a kernel adds Z as it stores its output, where the Add
+    # (and the Relu) were a step of their own, each a pass over the output
+    def run(self, graph: Graph) -> PassResult:
+        uses = Uses(graph)
+        specs = None
+        done = 0
+        for node in list(graph.nodes):
+            if node.op != "Conv" or len(node.outputs) != 1:
+                continue
+            value = node.outputs[0]
+            add = uses.sole_consumer(value)
+            if add is None or add.op not in ("Add", "Sum") or len(add.inputs) != 2 or \
+                    add.inputs[0] == add.inputs[1]:
+                continue
+            z = add.inputs[1] if add.inputs[0] == value else add.inputs[0]
+            if specs is None:
+                specs = graph.validate(allow_unknown=True)
+            y_spec, z_spec = specs.get(value), specs.get(z)
+            if y_spec is None or z_spec is None or tuple(z_spec.shape) != tuple(y_spec.shape) \
+                    or z_spec.dtype != y_spec.dtype:
+                continue
+            total = add.outputs[0]
+            act = uses.sole_consumer(total)
+            name = _activation(graph, act, total)
+            gone = [add]
+            if name is None:
+                silu = _silu(uses, total)
+                if silu is not None:
+                    name, act, gone = "Silu", silu[1], [add, *silu]
+                else:
+                    act = None
+            else:
+                gone.append(act)
+            final = act.outputs[0] if act is not None else total
+            inputs = [*node.inputs, *[""] * (3 - len(node.inputs)), z]
+            fused = Node("FusedConv", inputs, [final],
+                         {**node.attrs, "activation": name or ""}, node.name)
+            if not same_spec(fused, specs, [specs.get(final)]):
+                continue
+            graph.nodes[graph.nodes.index(gone[-1])] = fused  # where Z and X are both made
+            graph.nodes.remove(node)
+            for n in gone[:-1]:
+                graph.nodes.remove(n)
+            uses.producer[final] = fused
+            for name_in in {*node.inputs, z} - {""}:  # a Conv making the other addend sees it
+                uses.readers[name_in] = [fused if r is node or r is add else r
+                                         for r in uses.readers.get(name_in, ())]
             done += 1
         return PassResult(done)
 

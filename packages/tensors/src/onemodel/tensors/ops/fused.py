@@ -1,5 +1,6 @@
 """Fused ops (domain ``onemodel``) that the runtime's fusion passes produce: a Conv or Gemm with
-its following activation applied in place, saving one pass over the output, a chain of
+its following activation applied in place, saving one pass over the output (a Conv also with the
+residual Add between them), a chain of
 elementwise ops as one node, attention written out as MatMul, scale, mask, Softmax, MatMul, and
 a residual Add with the LayerNormalization after it. Inference only."""
 
@@ -32,6 +33,8 @@ def _sigmoid(y: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 def _activate(y: np.ndarray, activation: str) -> np.ndarray:
+    if activation == "":  # a residual FusedConv without an activation after its Add
+        return y
     if activation == "Relu":
         return np.maximum(y, 0, out=y)
     if activation == "Tanh":
@@ -49,15 +52,24 @@ def _activate(y: np.ndarray, activation: str) -> np.ndarray:
 
 
 def _fused_conv_shape(specs, *, activation="Relu", **attrs):
-    return _conv_shape(specs, **attrs)
+    out = _conv_shape(specs[:3], **attrs)
+    z = specs[3] if len(specs) > 3 else None
+    if z is not None and (tuple(z.shape) != tuple(out.shape) or z.dtype != out.dtype):
+        raise ShapeError(f"FusedConv: Z {z} must have the output's shape and dtype {out}")
+    return out
 
 
 @defop("FusedConv", shape=_fused_conv_shape, domain="onemodel")
-def fused_conv(X, W, B=None, *, activation="Relu", auto_pad="NOTSET", dilations=None, group=1,
-               kernel_shape=None, pads=None, strides=None):
-    """Conv followed by ``activation`` (Relu, Sigmoid, Tanh, HardSwish, Relu6 or Silu)."""
+def fused_conv(X, W, B=None, Z=None, *, activation="Relu", auto_pad="NOTSET", dilations=None,
+               group=1, kernel_shape=None, pads=None, strides=None):
+    """Conv, plus ``Z`` when given (the other addend of a residual Add, of the output's shape,
+    as onnxruntime's FusedConv takes it), followed by ``activation`` (Relu, Sigmoid, Tanh,
+    HardSwish, Relu6 or Silu; "" for none). The Add runs before the activation and after the
+    bias, as in the graph it replaces."""
     y = conv.kernel(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
                     kernel_shape=kernel_shape, pads=pads, strides=strides)
+    if Z is not None:
+        y = y + Z
     return _activate(y, activation)
 
 
