@@ -135,6 +135,33 @@ def test_convnext_layer_norms_read_their_permuted_views(monkeypatch):
         assert bound, "no LayerNorm read a permuted view"
 
 
+@pytest.mark.parametrize(("name", "expected"), [
+    ("bert", ["", "", "Gelu", "Gelu"]),             # Q/K/V merged with their biases; the FFN
+    ("whisper_encoder", ["Gelu", "Gelu"]),           # nn.GELU's order
+    ("convnext", ["", "", "Gelu", "Gelu"]),           # 4-D activations (N, H, W, C)
+])
+def test_linear_layers_take_their_bias_and_gelu_in_the_matmul(name, expected):
+    """transformers-library exports write a Linear layer on 3-D (or 4-D) activations as MatMul
+    and Add, and GELU as five nodes: with the numba plugin each becomes one FusedMatMul, whose
+    kernel adds the bias and applies GELU as one pass over the product; the outputs agree with
+    onnxruntime at one thread."""
+    spec = builders.specs()[name]
+    path = builders.exported(name, "torchscript")
+    session, ref = Session.load(path, threads=1), _ort(path)
+    acts = sorted(n.attrs["activation"] for n in session.graph.nodes if n.op == "FusedMatMul")
+    if "matmul-epilogue-fusion" in session.optimizations:  # the numba plugin's pass
+        assert acts == expected
+        assert "Erf" not in {n.op for n in session.graph.nodes}
+    else:
+        assert acts == []
+    for which in (0, 1):
+        feeds = spec.feeds(which, "torchscript")
+        want = ref.run(None, feeds)[0]
+        got = session.run(feeds, return_numpy=True)[spec.outputs[0]]
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
+
+
 def feeds_shapes(feeds) -> str:
     return ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
 

@@ -18,6 +18,7 @@ from onemodel.runtime.passes import (
     GemmWeightLayout,
     IdentityElimination,
     MatMulAddToGemm,
+    MatMulEpilogueFusion,
     PassManager,
     RMSNormFusion,
 )
@@ -700,6 +701,112 @@ def test_residual_fusion_leaves_what_it_cannot_fuse(case):
     else:
         assert counts["conv-residual-fusion"] == 0 and "FusedConv" not in ops
     feeds = random_feeds(graph, {"batch": 2}, seed=1)
+    plain, fast = Session(graph, optimize=False), Session(optimized, optimize=False)
+    for name, want in plain.run(feeds).items():
+        np.testing.assert_allclose(fast.run(feeds)[name].numpy(), want.numpy(), rtol=1e-5,
+                                   atol=1e-6)
+
+
+def _linear_stack(form: str, layers: int = 25):
+    """``layers`` Linear layers on (batch, 5, 6) activations (MatMul by a constant (6, 6), the
+    Add of a constant bias row, either way round) each followed by the activation ``form``
+    writes out: GELU as nn.GELU exports it ("gelu", Div by sqrt 2) or as BERT's gelu
+    ("bert_gelu", x * 0.5 first, a Mul by 1/sqrt 2), "relu", or nothing ("bias")."""
+    rng = np.random.default_rng(11)
+    b = GraphBuilder()
+    h = b.input("x", DType.F32, ("batch", 5, 6))
+    params = []
+    for k in range(layers):
+        w, bias = f32(rng, 6, 6, scale=0.5), f32(rng, 6)
+        params.append((w, bias))
+        y = b.op("MatMul", h, b.initializer(f"w{k}", w))
+        c = b.initializer(f"c{k}", bias)
+        y = b.op("Add", y, c) if k % 2 else b.op("Add", c, y)
+        if form == "gelu":
+            e = b.op("Erf", b.op("Div", y, b.const(np.float32(np.sqrt(2)))))
+            y = b.op("Mul", b.op("Mul", y, b.op("Add", e, b.const(np.float32(1)))),
+                     b.const(np.float32(0.5)))
+        elif form == "bert_gelu":
+            e = b.op("Erf", b.op("Mul", y, b.const(np.float32(np.sqrt(0.5)))))
+            y = b.op("Mul", b.op("Mul", y, b.const(np.float32(0.5))),
+                     b.op("Add", e, b.const(np.float32(1))))
+        elif form == "relu":
+            y = b.op("Relu", y)
+        h = y
+    b.output(h, "out")
+
+    def torch_stack(x):
+        import torch
+
+        t = torch.from_numpy(x)
+        for w, bias in params:
+            t = t @ torch.from_numpy(w) + torch.from_numpy(bias)
+            if form in ("gelu", "bert_gelu"):
+                t = torch.nn.functional.gelu(t)
+            elif form == "relu":
+                t = torch.relu(t)
+        return t.numpy()
+    return b.build(), torch_stack
+
+
+@pytest.mark.parametrize(("form", "activation"), [("gelu", "Gelu"), ("bert_gelu", "Gelu"),
+                                                  ("relu", "Relu"), ("bias", "")])
+def test_matmul_bias_and_activation_fuse_at_every_site_equal_to_torch(form, activation):
+    """Each MatMul of 3-D activations by constant weights, the Add of its constant bias row
+    and the activation that alone reads the sum (GELU in PyTorch's two written-out forms)
+    become one FusedMatMul: all 25 sites in one pass call, equal to torch's Linear layers."""
+    graph, torch_stack = _linear_stack(form)
+    gone = {"gelu": ("Add", "Erf", "Div", "Mul"), "bert_gelu": ("Add", "Erf", "Mul"),
+            "relu": ("Add", "Relu"), "bias": ("Add",)}[form]
+    g, counts = _check(graph, [MatMulEpilogueFusion()], expect_ops_gone=gone)
+    assert counts["matmul-epilogue-fusion"] == 25
+    fused = [n for n in g.nodes if n.op == "FusedMatMul"]
+    assert len(fused) == 25 and {n.attrs["activation"] for n in fused} == {activation}
+    assert all(len(n.inputs) == 3 for n in fused)
+    x = np.random.default_rng(3).standard_normal((3, 5, 6)).astype(np.float32)
+    want = torch_stack(x)
+    for session in (Session(g, optimize=False), Session(graph)):  # (without an activation
+        # the values grow layer by layer)
+        np.testing.assert_allclose(session.run({"x": x})["out"].numpy(), want, rtol=1e-4,
+                                   atol=1e-6 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("case", ["bias_at_run_time", "bias_broadcasts", "not_sqrt2",
+                                  "erf_read_twice", "weights_at_run_time"])
+def test_matmul_epilogue_fusion_leaves_what_is_not_a_bias_or_gelu(case):
+    """A bias given at run time or of another shape than a row of the columns, a Div by
+    another constant than sqrt 2, GELU's Erf read by anything else, or weights given at run
+    time: no FusedMatMul takes them (a lone activation after an unfused Add stays too)."""
+    rng = np.random.default_rng(12)
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 5, 6))
+    w = b.input("w", DType.F32, (6, 4)) if case == "weights_at_run_time" else \
+        b.initializer("w", f32(rng, 6, 4))
+    if case == "bias_at_run_time":
+        c = b.input("c", DType.F32, (4,))
+    elif case == "bias_broadcasts":
+        c = b.initializer("c", f32(rng, 5, 4))
+    else:
+        c = b.initializer("c", f32(rng, 4))
+    y = b.op("Add", b.op("MatMul", x, w), c)
+    if case in ("not_sqrt2", "erf_read_twice"):
+        e = b.op("Erf", b.op("Div", y, b.const(np.float32(2.0 if case == "not_sqrt2"
+                                                          else np.sqrt(2)))))
+        y = b.op("Mul", b.op("Mul", y, b.op("Add", e, b.const(np.float32(1)))),
+                 b.const(np.float32(0.5)))
+        if case == "erf_read_twice":
+            b.output(e, "erf")
+    b.output(y, "out")
+    graph = b.build()
+    optimized = graph.copy()
+    counts = PassManager([MatMulEpilogueFusion()]).run(optimized)
+    fused = [n for n in optimized.nodes if n.op == "FusedMatMul"]
+    if case in ("not_sqrt2", "erf_read_twice"):  # the bias still fuses, the GELU stays
+        assert counts["matmul-epilogue-fusion"] == 1 and fused[0].attrs["activation"] == ""
+        assert "Erf" in {n.op for n in optimized.nodes}
+    else:
+        assert counts["matmul-epilogue-fusion"] == 0 and not fused
+    feeds = random_feeds(graph, {"batch": 2}, seed=4)
     plain, fast = Session(graph, optimize=False), Session(optimized, optimize=False)
     for name, want in plain.run(feeds).items():
         np.testing.assert_allclose(fast.run(feeds)[name].numpy(), want.numpy(), rtol=1e-5,

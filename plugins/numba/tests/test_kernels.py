@@ -173,6 +173,9 @@ CASES = [
     ("FusedGemm", [(6, 4), (6, 5)], dict(transA=1, activation="Tanh")),
     ("FusedGemm", [(5, 8), (8, 6), (6,)], dict(activation="Relu6")),
     ("FusedGemm", [(2, 300), (300, 1100), (1100,)], {}),  # 2 rows by a 1.3 MB weight
+    ("FusedMatMul", [(2, 5, 7), (7, 6), (6,)], dict(activation="Gelu")),
+    ("FusedMatMul", [(3, 4, 2, 9), (9, 5)], dict(activation="Silu")),
+    ("FusedMatMul", [(6, 8), (8, 3), (3,)], {}),
     ("Gemm", [(3, 7), (7, 5), (5,)], {}),
     ("Gemm", [(4, 6), (9, 6), (9,)], dict(transB=1, alpha=0.5, beta=2.0)),
     ("Gemm", [(6, 4), (6, 5), (4, 5)], dict(transA=1)),  # a bias of the output's shape

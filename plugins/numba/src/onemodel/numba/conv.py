@@ -31,7 +31,7 @@ from onemodel.tensors.ops.specialize import CallSite, specializer
 from . import _jit, depthwise
 from ._jit import jit, pick, sync_threads
 from ._prefetch import prefetch
-from ._vecmath import sigmoid32
+from ._vecmath import erf32, sigmoid32
 
 U = np.uint64
 ACT_CODES = {"": 0, "Relu": 1, "Sigmoid": 2, "Tanh": 3, "HardSwish": 4, "Relu6": 5, "Silu": 6}
@@ -388,6 +388,21 @@ def _silu_typed(v, zero):
         e = np.exp(v)
         return v * (e / (one + e))
     return stable
+
+
+def _gelu(v, zero):
+    """(v * (erf(v / sqrt 2) + 1)) * 0.5 in v's dtype (compiled per dtype, below): GELU as
+    PyTorch exports it, the same operations in the same order."""
+
+
+@overload(_gelu)
+def _gelu_typed(v, zero):
+    """float32: erf in arithmetic that vectorizes (``_vecmath.erf32``, what the fused chains
+    it replaces compute); float64: libm's erf."""
+    if v == types.float32:
+        root2, one, half = np.float32(math.sqrt(2)), np.float32(1), np.float32(0.5)
+        return lambda v, zero: (v * (erf32(v / root2) + one)) * half
+    return lambda v, zero: (v * (math.erf(v / math.sqrt(2)) + 1.0)) * 0.5
 
 
 @jit()
@@ -815,6 +830,10 @@ def _bias_act(y, bias, has_bias, act):
             for j in range(n):
                 v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)
                 yf[U(base + j)] = _silu(v, zero)
+        elif act == 7:  # Gelu (FusedMatMul's; no convolution takes it)
+            for j in range(n):
+                v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)
+                yf[U(base + j)] = _gelu(v, zero)
         else:
             for j in range(n):
                 v = yf[U(base + j)] + (bias[U(j)] if has_bias else zero)

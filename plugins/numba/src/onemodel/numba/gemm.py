@@ -19,7 +19,7 @@ from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize, specializer
 
 from . import _jit
-from ._jit import sync_threads
+from ._jit import pick, sync_threads
 from .conv import _NO_BIAS, ACT_CODES, _bias_act, _immutable, _skinny_gemm
 
 # float32 products of at most this many rows by constant weights of at least this many bytes
@@ -279,6 +279,73 @@ def _matmul_at(site: CallSite):
     product = _skinny_product(_transposed(b), b, a_shape, out_shape,
                               lambda A, B, C=None, out=None: reference(A, B, out=out))
     return lambda A, B, out=None: product(A, B, None, out=out)
+
+
+# FusedMatMul's activations: the convolutions' codes and Gelu, which only _bias_act has
+MATMUL_ACT_CODES = {**ACT_CODES, "Gelu": 7}
+
+
+def fused_matmul(A, B, C=None, *, activation="", out=None):
+    """FusedMatMul (see :func:`onemodel.numba.support.fused_matmul`): the reference MatMul's
+    product, then the bias row and the activation in one numba pass over it (``_bias_act``);
+    other calls go to the reference kernel."""
+    act = MATMUL_ACT_CODES.get(activation)
+    n = B.shape[-1]
+    if act is None or A.dtype != B.dtype or A.dtype not in _NO_BIAS or B.ndim != 2 or \
+            (C is not None and (C.shape != (n,) or C.dtype != A.dtype)):
+        return OPS["FusedMatMul"].kernel(A, B, C, activation=activation, out=out)
+    y = OPS["MatMul"].kernel(A, B, out=out)
+    if not y.flags.c_contiguous or y.dtype != A.dtype:  # never through a copy of y
+        return OPS["FusedMatMul"].kernel(A, B, C, activation=activation, out=out)
+    sync_threads()
+    pick(_bias_act)(y.reshape(-1, n), _NO_BIAS[y.dtype] if C is None else C, C is not None, act)
+    return y
+
+
+@specializer(fused_matmul)
+def _fused_matmul_at(site: CallSite):
+    """The MatMul's own planned call (:func:`_matmul_at`: the panels, the skinny product or
+    the reference's), then the bias and activation pass over the product as (rows, N). Inputs
+    of other shapes or dtypes than planned take the generic call."""
+    act = MATMUL_ACT_CODES.get(site.attrs.get("activation", ""))
+    shapes, dtypes, out_shape = site.shapes, site.dtypes, site.out_shapes[0]
+    dtype = dtypes[0]
+    if act is None or dtype not in _NO_BIAS or out_shape is None or None in out_shape or \
+            len(shapes) < 2 or shapes[0] is None or shapes[1] is None or \
+            any(d is not None and d != dtype for d in dtypes):
+        return None
+    n = out_shape[-1]
+    c_shape = shapes[2] if len(shapes) > 2 else None
+    if c_shape not in (None, (n,)):
+        return None
+    product = _matmul_at(replace(site, shapes=shapes[:2], dtypes=dtypes[:2],
+                                 values=site.values[:2], attrs={}, generic=matmul))
+    if product is None:
+        return None
+    a_shape, b_shape, rows, generic = shapes[0], shapes[1], math.prod(out_shape[:-1]), site.generic
+    has_bias, no_bias = c_shape is not None, _NO_BIAS[dtype]
+    c_const = site.values[2] if has_bias else no_bias
+    if not (isinstance(c_const, np.ndarray) and c_const.dtype == dtype and c_const.ndim == 1
+            and c_const.flags.c_contiguous):
+        c_const = None
+    bound = [None]  # the epilogue's machine code (_jit.entry), bound at the first call
+
+    def fused_matmul_at(A, B, C=None, out=None):
+        if A.shape != a_shape or B.shape != b_shape or A.dtype != dtype or B.dtype != dtype or \
+                (C is None) == has_bias or (has_bias and (C.shape != c_shape or C.dtype != dtype)):
+            return generic(A, B, C, out=out)
+        y = product(A, B, out=out)
+        if y.shape != out_shape or y.dtype != dtype or not y.flags.c_contiguous:
+            return generic(A, B, C, out=out)  # never through a copy of y
+        sync_threads()
+        bias, y2 = C if has_bias else no_bias, y.reshape(rows, n)
+        if _jit._parallel or bias is not c_const:
+            (_bias_act if _jit._parallel else _bias_act.serial)(y2, bias, has_bias, act)
+        else:  # the plan's own bias (or none): the types are fixed
+            (bound[0] or _jit.bind(bound, _bias_act.serial, (y2, bias, has_bias, act)))(
+                y2, bias, has_bias, act)
+        return y
+    return fused_matmul_at
 
 
 def _panels_fit(site: CallSite, b) -> bool:

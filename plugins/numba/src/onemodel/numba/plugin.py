@@ -43,6 +43,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "FusedGemm": (f"{_K}.gemm:fused_gemm", f"{_K}.support:fused_gemm"),
     "Gemm": (f"{_K}.gemm:gemm", f"{_K}.support:gemm"),
     "MatMul": (f"{_K}.gemm:matmul", f"{_K}.support:same_float"),
+    "FusedMatMul": (f"{_K}.gemm:fused_matmul", f"{_K}.support:fused_matmul"),
     "Resize": (f"{_K}.resize:resize", f"{_K}.support:resize"),
     "LSTM": (f"{_K}.recurrent:lstm", f"{_K}.support:lstm"),
     "GRU": (f"{_K}.recurrent:gru", f"{_K}.support:gru"),
@@ -56,7 +57,8 @@ UPDATES: dict[str, str] = {"optim.SGD": f"{_K}.optim:sgd", "optim.Adam": f"{_K}.
 # kernels that take ``out=`` (a planned buffer they fill and return; see the hookspec)
 WRITES_OUT: set[str] = {"FusedElementwise", "RMSNormalization", "BatchNormalization", "Softmax",
                         "LogSoftmax", "Erf", "Gelu", "MaxPool", "AveragePool", "GlobalAveragePool",
-                        "Conv", "FusedConv", "FusedAttention", "FusedGemm", "Gemm", "MatMul"}
+                        "Conv", "FusedConv", "FusedAttention", "FusedGemm", "Gemm", "MatMul",
+                        "FusedMatMul"}
 
 
 @hookimpl
@@ -79,6 +81,10 @@ def onemodel_register_passes(register) -> None:
     # as they store their output (the reference adds it after, as the Add did)
     register("conv-residual-fusion", "onemodel.runtime.passes.rewrites:ConvResidualFusion",
              order=62)
+    # before elementwise fusion would take a MatMul's bias Add and GELU into a chain; this
+    # plugin's FusedMatMul adds the bias and applies the activation as one pass over the product
+    register("matmul-epilogue-fusion", "onemodel.runtime.passes.rewrites:MatMulEpilogueFusion",
+             order=63)
     # before elementwise fusion takes the scores' scale and mask into a chain; the fused node
     # pays off with this plugin's one-pass kernel (the reference runs the same ops in turn)
     register("attention-fusion", "onemodel.runtime.passes.attention:AttentionFusion", order=57)

@@ -35,6 +35,13 @@ def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0
         and activation in _ACTIVATIONS[1:] and (C is None or C.ndim == 1)
 
 
+def fused_matmul(A, B, C=None, *, activation=""):
+    """FusedMatMul of float32/float64 A of two or more axes by a 2-D B of the same dtype, a bias
+    row (or none), an activation of FusedGemm's or Gelu, or none."""
+    return A.ndim >= 2 and B.ndim == 2 and _float(A, B, C) and (C is None or C.ndim == 1) and \
+        activation in (*_ACTIVATIONS, "Gelu")
+
+
 def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     """Gemm of float32/float64 2-D matrices (and bias) of one dtype: the reference's own
     call, planned by constant weights where the plugin has a faster product."""

@@ -12,6 +12,7 @@ from .rewrites import (
     ConvResidualFusion,
     GemmWeightLayout,
     MatMulAddToGemm,
+    MatMulEpilogueFusion,
     RMSNormFusion,
     SkipLayerNormFusion,
 )
@@ -19,7 +20,6 @@ from .siblings import SiblingMatMulMerge
 
 __all__ = ["ActivationFusion", "AttentionFusion", "BatchNormFolding", "BatchNormToAffine",
            "CommonSubexpressionElimination", "ConstantFolding", "ConvAffineFolding",
-           "ConvResidualFusion",
-           "DeadCodeElimination",
-           "GemmWeightLayout", "IdentityElimination", "MatMulAddToGemm", "Pass", "PassManager",
-           "RMSNormFusion", "SiblingMatMulMerge", "SkipLayerNormFusion"]
+           "ConvResidualFusion", "DeadCodeElimination", "GemmWeightLayout",
+           "IdentityElimination", "MatMulAddToGemm", "MatMulEpilogueFusion", "Pass",
+           "PassManager", "RMSNormFusion", "SiblingMatMulMerge", "SkipLayerNormFusion"]

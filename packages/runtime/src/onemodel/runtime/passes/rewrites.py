@@ -1,10 +1,13 @@
 """Rewrites that make fewer, bigger kernels: BatchNorm folded into Conv or Gemm, MatMul+Add to
 Gemm, an activation fused into the Conv or Gemm before it, a residual Add (and the activation
-after it) fused into the Conv before it, RMS normalization written out
+after it) fused into the Conv before it, a bias Add and activation (GELU too) into the MatMul
+before them, RMS normalization written out
 node by node made one RMSNormalization, and a residual Add with the LayerNormalization after it
 made one SkipLayerNormalization."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -228,6 +231,119 @@ class ConvResidualFusion(Pass):
                                          for r in uses.readers.get(name_in, ())]
             done += 1
         return PassResult(done)
+
+
+class MatMulEpilogueFusion(Pass):
+    name = "matmul-epilogue-fusion"
+    changes = ("replaces a floating-point MatMul of A (two or more axes) by constant 2-D "
+               "weights, the Add of a constant bias row of its columns that alone reads it, and "
+               "the activation that alone reads the sum (one of FusedGemm's, or GELU written "
+               "out with Erf as PyTorch exports it), by one FusedMatMul (a bias or an "
+               "activation at least)")
+
+    # Why: a transformer's Linear layers are MatMul + Add for 3-D activations (Gemm takes 2-D
+    # ones), and its feed-forward GELU is five nodes; fused, a kernel adds the bias and
+    # applies the activation as one pass over the product, where they were a step of their own
+    def run(self, graph: Graph) -> PassResult:
+        uses = Uses(graph)
+        specs = None
+        done = 0
+        for mm in list(graph.nodes):
+            if mm.op != "MatMul" or len(mm.inputs) != 2:
+                continue
+            w = _init(graph, mm.inputs[1])
+            if w is None or w.ndim != 2 or w.dtype.kind != "f":
+                continue
+            value, bias, gone = mm.outputs[0], None, []
+            add = uses.sole_consumer(value)
+            other = _other(add, value) if add is not None and add.op == "Add" and \
+                len(add.inputs) == 2 else None
+            c = _init(graph, other) if other else None
+            if c is not None and c.shape == (w.shape[1],) and c.dtype == w.dtype:
+                bias, value, gone = other, add.outputs[0], [add]
+            name, act_nodes = _epilogue_activation(graph, uses, value)
+            if bias is None and name is None:
+                continue
+            final = act_nodes[-1].outputs[0] if act_nodes else value
+            if specs is None:
+                specs = graph.validate(allow_unknown=True)
+            a = specs.get(mm.inputs[0])
+            if a is None or len(a.shape) < 2 or not a.dtype.is_floating:
+                continue
+            fused = Node("FusedMatMul", [*mm.inputs, *([bias] if bias else [])], [final],
+                         {"activation": name or ""}, mm.name)
+            if not same_spec(fused, specs, [specs.get(final)]):
+                continue
+            gone += act_nodes
+            graph.nodes[graph.nodes.index(gone[-1])] = fused  # the node that made ``final``
+            graph.nodes.remove(mm)
+            for n in gone[:-1]:
+                graph.nodes.remove(n)
+            uses.producer[final] = fused
+            uses.readers[mm.inputs[0]] = [fused if r is mm else r
+                                          for r in uses.readers.get(mm.inputs[0], ())]
+            done += 1
+        return PassResult(done)
+
+
+def _epilogue_activation(graph: Graph, uses: Uses, value: str) -> tuple[str | None, list[Node]]:
+    """(the activation, its nodes in graph order, the last making its output) that alone
+    reads ``value``: an activation-fusion one (Relu, ..., Relu6, Silu) or GELU; (None, [])."""
+    act = uses.sole_consumer(value)
+    name = _activation(graph, act, value)
+    if name is not None:
+        return name, [act]
+    silu = _silu(uses, value)
+    if silu is not None:
+        return "Silu", list(silu)
+    gelu = _gelu(graph, uses, value)
+    if gelu is not None:
+        return "Gelu", gelu
+    return None, []
+
+
+def _near(x: float | None, want: float) -> bool:
+    return x is not None and abs(x - want) <= 1e-6 * abs(want)
+
+
+def _gelu(graph: Graph, uses: Uses, x: str) -> list[Node] | None:
+    """GELU's nodes reading ``x``, in graph order, when nothing else reads x or any of their
+    results but the last: erf(x / sqrt 2) (a Div by sqrt 2 or a Mul by its inverse), plus 1,
+    times x, times 0.5, in either of PyTorch's two orders: ``(x * (erf + 1)) * 0.5``
+    (nn.GELU) or ``(x * 0.5) * (erf + 1)`` (BERT's gelu)."""
+    if x in uses.outputs:
+        return None
+    readers = uses.readers.get(x, ())
+    if len(readers) != 2:
+        return None
+    scaled = next((n for n in readers if len(n.inputs) == 2 and n.inputs[0] == x and (
+        (n.op == "Div" and _near(_scalar(graph, n.inputs[1]), math.sqrt(2))) or
+        (n.op == "Mul" and _near(_scalar(graph, n.inputs[1]), math.sqrt(0.5))))), None)
+    mul = next((n for n in readers if n is not scaled and n.op == "Mul"), None)
+    if scaled is None or mul is None:
+        return None
+    erf = uses.sole_consumer(scaled.outputs[0])
+    if erf is None or erf.op != "Erf":
+        return None
+    plus = uses.sole_consumer(erf.outputs[0])
+    if plus is None or plus.op != "Add" or _scalar(graph, _other(plus, erf.outputs[0]) or "") \
+            != 1.0:
+        return None
+    if _other(mul, x) == plus.outputs[0]:  # nn.GELU: (x * (erf + 1)) * 0.5
+        half = uses.sole_consumer(mul.outputs[0])
+        if uses.sole_consumer(plus.outputs[0]) is not mul or half is None or \
+                half.op != "Mul" or _scalar(graph, _other(half, mul.outputs[0]) or "") != 0.5:
+            return None
+        nodes = [scaled, erf, plus, mul, half]
+    elif _scalar(graph, _other(mul, x) or "") == 0.5:  # BERT: (x * 0.5) * (erf + 1)
+        last = uses.sole_consumer(mul.outputs[0])
+        if last is None or last.op != "Mul" or uses.sole_consumer(plus.outputs[0]) is not last \
+                or sorted(last.inputs) != sorted([mul.outputs[0], plus.outputs[0]]):
+            return None
+        nodes = [scaled, erf, plus, mul, last]
+    else:
+        return None
+    return sorted(nodes, key=graph.nodes.index)
 
 
 def _silu(uses: Uses, value: str) -> tuple[Node, Node] | None:

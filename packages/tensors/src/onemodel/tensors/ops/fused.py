@@ -6,6 +6,7 @@ a residual Add with the LayerNormalization after it. Inference only."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -102,6 +103,45 @@ def _fused_gemm_at(site: CallSite):
     def gemm_activation(A, B, C=None, out=None):
         return _activate(product(A, B, C, out=out), activation)
     return gemm_activation
+
+
+# MatMul with a bias and an activation ------------------------------------------------------------
+
+# what FusedMatMul's activation may be: none, a Conv's and Gemm's, or Gelu (erf form), which
+# transformers' feed-forward layers put after their first MatMul and its bias
+MATMUL_ACTIVATIONS = ("", *ACTIVATIONS, "Gelu")
+
+
+def _fused_matmul_shape(specs, *, activation=""):
+    a, b = specs[0], specs[1]
+    c = specs[2] if len(specs) > 2 else None
+    if len(b.shape) != 2 or len(a.shape) < 2:
+        raise ShapeError(f"FusedMatMul: A needs two or more axes and B two, got {a} and {b}")
+    out = _matmul_shape([a, b])
+    if out.dtype not in FLOATING:
+        raise ShapeError(f"FusedMatMul is a floating-point op, got {out.dtype.name}")
+    if c is not None and (tuple(c.shape) != (b.shape[1],) or c.dtype != out.dtype):
+        raise ShapeError(f"FusedMatMul: the bias {c} must be one row of B's columns {b}")
+    if activation not in MATMUL_ACTIVATIONS:
+        raise ShapeError(f"FusedMatMul: unknown activation {activation!r}; expected one of "
+                         f"{MATMUL_ACTIVATIONS}")
+    return out
+
+
+@defop("FusedMatMul", shape=_fused_matmul_shape, domain="onemodel", writes_out=True)
+def fused_matmul(A, B, C=None, *, activation="", out=None):
+    """``activation(A @ B + C)`` for A of two or more axes by a 2-D B, C one row of B's
+    columns: a transformer's Linear (MatMul, the Add of its bias) and the activation after it,
+    which its export writes as several nodes (GELU as Div, Erf, Add, Mul, Mul). Runs the ops'
+    own kernels in the graph's order; ``out``: the planned buffer."""
+    y = matmul.kernel(A, B, out=out)
+    if C is not None:
+        y = np.add(y, C, out=y)
+    if activation == "Gelu":  # as the nodes it replaces: (y * (erf(y / sqrt 2) + 1)) * 0.5
+        half, root2 = y.dtype.type(0.5), y.dtype.type(math.sqrt(2))
+        g = OPS["Erf"].kernel(y / root2) + y.dtype.type(1)
+        return np.multiply(np.multiply(y, g, out=g), half, out=y)
+    return _activate(y, activation)
 
 
 # attention ---------------------------------------------------------------------------------------
