@@ -25,6 +25,9 @@ def onemodel_register_passes(register) -> None:
     register("sibling-matmul-merge", f"{p}.siblings:SiblingMatMulMerge", order=52)
     register("rms-norm-fusion", f"{p}.rewrites:RMSNormFusion", order=55)
     register("activation-fusion", f"{p}.rewrites:ActivationFusion", order=60)
+    # after onemodel-numba's matmul-epilogue-fusion (63), which leaves a layer scale's Mul
+    # after a FusedMatMul without an activation, before its elementwise fusion (65)
+    register("matmul-scale-folding", f"{p}.affine:MatMulScaleFolding", order=64)
     register("gemm-weight-layout", f"{p}.rewrites:GemmWeightLayout", order=67)
     register("dead-code", f"{p}.cleanup:DeadCodeElimination", order=70)
 

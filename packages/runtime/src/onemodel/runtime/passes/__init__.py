@@ -1,7 +1,7 @@
 """Optimization passes. The built-in ones register through ``onemodel_register_passes`` like any
 plugin's; ``default_passes()`` lists what the registry holds, in order."""
 
-from .affine import BatchNormToAffine, ConvAffineFolding
+from .affine import BatchNormToAffine, ConvAffineFolding, MatMulScaleFolding
 from .attention import AttentionFusion
 from .base import Pass, PassManager
 from .cleanup import CommonSubexpressionElimination, DeadCodeElimination, IdentityElimination
@@ -21,5 +21,6 @@ from .siblings import SiblingMatMulMerge
 __all__ = ["ActivationFusion", "AttentionFusion", "BatchNormFolding", "BatchNormToAffine",
            "CommonSubexpressionElimination", "ConstantFolding", "ConvAffineFolding",
            "ConvResidualFusion", "DeadCodeElimination", "GemmWeightLayout",
-           "IdentityElimination", "MatMulAddToGemm", "MatMulEpilogueFusion", "Pass",
-           "PassManager", "RMSNormFusion", "SiblingMatMulMerge", "SkipLayerNormFusion"]
+           "IdentityElimination", "MatMulAddToGemm", "MatMulEpilogueFusion",
+           "MatMulScaleFolding", "Pass", "PassManager", "RMSNormFusion", "SiblingMatMulMerge",
+           "SkipLayerNormFusion"]
