@@ -153,6 +153,10 @@ for dt in F[:2]:
     case("Gemm", [r(3, 4, dtype=dt), r(5, 4, dtype=dt), r(3, 1, dtype=dt)], transB=1)
     for act in ("Relu", "Sigmoid", "Tanh", "Relu6", "Silu"):
         case("FusedGemm", [r(3, 4, dtype=dt), r(4, 5, dtype=dt), r(5, dtype=dt)], activation=act)
+    for act in ("", "Relu", "Gelu"):
+        case("FusedMatMul", [r(2, 3, 4, dtype=dt), r(4, 5, dtype=dt), r(5, dtype=dt)],
+             activation=act)
+    case("FusedMatMul", [r(3, 4, dtype=dt), r(4, 5, dtype=dt)], activation="Silu")
 
 # convolution
 for dt in F[:2]:
@@ -174,6 +178,9 @@ for dt in F[:2]:
     for act in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6", "Silu"):
         case("FusedConv", [r(2, 3, 6, 5, dtype=dt), r(4, 3, 3, 3, dtype=dt), r(4, dtype=dt)],
              activation=act, pads=(1, 1, 1, 1))
+    for act in ("", "Relu"):  # a residual connection's addend Z
+        case("FusedConv", [r(2, 3, 6, 5, dtype=dt), r(4, 3, 3, 3, dtype=dt), r(4, dtype=dt),
+                           r(2, 4, 6, 5, dtype=dt)], activation=act, pads=(1, 1, 1, 1))
 
 # pooling
 for dt in F[:2]:

@@ -17,7 +17,7 @@ from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.nn import _geometry, _pool_setup, _positions
 
 from ._xp import namespace, scalar
-from .kernels import gemm, sigmoid
+from .kernels import erf, gemm, sigmoid
 
 # padding and windows ----------------------------------------------------------------------------
 
@@ -112,6 +112,19 @@ def fused_gemm(A, B, C=None, *, activation="Relu", alpha=1.0, beta=1.0, transA=0
     """Gemm followed by ``activation`` (one of onemodel.tensors' fused ACTIVATIONS)."""
     y = gemm(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB)
     return _activate(namespace(y), y, activation)
+
+
+def fused_matmul(A, B, C=None, *, activation=""):
+    """MatMul (cuBLAS), plus the bias row ``C``, then ``activation`` (one of onemodel.tensors'
+    fused ACTIVATIONS, "Gelu" as the reference writes it, or "")."""
+    xp = namespace(A, B)
+    y = xp.matmul(A, B)
+    if C is not None:
+        y = y + C
+    if activation == "Gelu":  # (y * (erf(y / sqrt 2) + 1)) * 0.5, the reference's order
+        g = erf(y / scalar(math.sqrt(2), y.dtype)) + scalar(1, y.dtype)
+        return (y * g) * scalar(0.5, y.dtype)
+    return _activate(xp, y, activation)
 
 
 # pooling --------------------------------------------------------------------------------------

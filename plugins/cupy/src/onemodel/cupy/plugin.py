@@ -83,6 +83,7 @@ KERNELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "MatMul": (f"{_K}:matmul", FLOAT),
     "Gemm": (f"{_K}:gemm", FLOAT),
     "FusedGemm": (f"{_N}:fused_gemm", FLOAT),
+    "FusedMatMul": (f"{_N}:fused_matmul", FLOAT),
     # convolution, pooling, normalization, softmax
     "Conv": (f"{_N}:conv", FLOAT),
     "FusedConv": (f"{_N}:fused_conv", FLOAT),
