@@ -71,6 +71,21 @@ def test_real_model_loads_symbolic_and_agrees_with_onnxruntime(name, exporter):
                                    err_msg=f"{name} by {exporter} at {feeds_shapes(feeds)}")
 
 
+def _one_thread_session_agrees(name: str) -> Session:
+    """The TorchScript export of ``name`` run by a one-thread session on both feed sets: the
+    first output agrees with onnxruntime's at one thread. Returns the session."""
+    spec = builders.specs()[name]
+    path = builders.exported(name, "torchscript")
+    session, ref = Session.load(path, threads=1), _ort(path)
+    for which in (0, 1):
+        feeds = spec.feeds(which, "torchscript")
+        want = ref.run(None, feeds)[0]
+        got = session.run(feeds, return_numpy=True)[spec.outputs[0]]
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
+    return session
+
+
 @pytest.mark.parametrize("name", ["bert", "vit"])
 def test_one_thread_session_by_the_numba_register_tiles_agrees_with_onnxruntime(
         name, monkeypatch):
@@ -89,15 +104,7 @@ def test_one_thread_session_by_the_numba_register_tiles_agrees_with_onnxruntime(
             taken.append(b.shape)
             return real(b, *args)
         monkeypatch.setattr(gemm, "_panel_product", spy)
-    spec = builders.specs()[name]
-    path = builders.exported(name, "torchscript")
-    session, ref = Session.load(path, threads=1), _ort(path)
-    for which in (0, 1):
-        feeds = spec.feeds(which, "torchscript")
-        want = ref.run(None, feeds)[0]
-        got = session.run(feeds, return_numpy=True)[spec.outputs[0]]
-        scale = max(1.0, float(np.abs(want).max()))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
+    _one_thread_session_agrees(name)
     if gemm is not None:
         from onemodel.numba._simd import host_has_fma
 
@@ -122,15 +129,7 @@ def test_convnext_layer_norms_read_their_permuted_views(monkeypatch):
                 bound.append(args[0].shape)
             return real_bind(slot, kernel, args)
         monkeypatch.setattr(_jit, "bind", bind)
-    spec = builders.specs()["convnext"]
-    path = builders.exported("convnext", "torchscript")
-    session, ref = Session.load(path, threads=1), _ort(path)
-    for which in (0, 1):
-        feeds = spec.feeds(which, "torchscript")
-        want = ref.run(None, feeds)[0]
-        got = session.run(feeds, return_numpy=True)[spec.outputs[0]]
-        scale = max(1.0, float(np.abs(want).max()))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
+    _one_thread_session_agrees("convnext")
     if norm is not None:
         assert bound, "no LayerNorm read a permuted view"
 
@@ -145,21 +144,13 @@ def test_linear_layers_take_their_bias_and_gelu_in_the_matmul(name, expected):
     and Add, and GELU as five nodes: with the numba plugin each becomes one FusedMatMul, whose
     kernel adds the bias and applies GELU as one pass over the product; the outputs agree with
     onnxruntime at one thread."""
-    spec = builders.specs()[name]
-    path = builders.exported(name, "torchscript")
-    session, ref = Session.load(path, threads=1), _ort(path)
+    session = _one_thread_session_agrees(name)
     acts = sorted(n.attrs["activation"] for n in session.graph.nodes if n.op == "FusedMatMul")
     if "matmul-epilogue-fusion" in session.optimizations:  # the numba plugin's pass
         assert acts == expected
         assert "Erf" not in {n.op for n in session.graph.nodes}
     else:
         assert acts == []
-    for which in (0, 1):
-        feeds = spec.feeds(which, "torchscript")
-        want = ref.run(None, feeds)[0]
-        got = session.run(feeds, return_numpy=True)[spec.outputs[0]]
-        scale = max(1.0, float(np.abs(want).max()))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
 
 
 def feeds_shapes(feeds) -> str:

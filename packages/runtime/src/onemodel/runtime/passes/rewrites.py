@@ -204,31 +204,14 @@ class ConvResidualFusion(Pass):
                     or z_spec.dtype != y_spec.dtype:
                 continue
             total = add.outputs[0]
-            act = uses.sole_consumer(total)
-            name = _activation(graph, act, total)
-            gone = [add]
-            if name is None:
-                silu = _silu(uses, total)
-                if silu is not None:
-                    name, act, gone = "Silu", silu[1], [add, *silu]
-                else:
-                    act = None
-            else:
-                gone.append(act)
-            final = act.outputs[0] if act is not None else total
+            name, act_nodes = _epilogue_activation(graph, uses, total, gelu=False)
+            final = act_nodes[-1].outputs[0] if act_nodes else total
             inputs = [*node.inputs, *[""] * (3 - len(node.inputs)), z]
             fused = Node("FusedConv", inputs, [final],
                          {**node.attrs, "activation": name or ""}, node.name)
             if not same_spec(fused, specs, [specs.get(final)]):
                 continue
-            graph.nodes[graph.nodes.index(gone[-1])] = fused  # where Z and X are both made
-            graph.nodes.remove(node)
-            for n in gone[:-1]:
-                graph.nodes.remove(n)
-            uses.producer[final] = fused
-            for name_in in {*node.inputs, z} - {""}:  # a Conv making the other addend sees it
-                uses.readers[name_in] = [fused if r is node or r is add else r
-                                         for r in uses.readers.get(name_in, ())]
+            _replace(graph, uses, node, [add, *act_nodes], fused)
             done += 1
         return PassResult(done)
 
@@ -274,21 +257,30 @@ class MatMulEpilogueFusion(Pass):
                          {"activation": name or ""}, mm.name)
             if not same_spec(fused, specs, [specs.get(final)]):
                 continue
-            gone += act_nodes
-            graph.nodes[graph.nodes.index(gone[-1])] = fused  # the node that made ``final``
-            graph.nodes.remove(mm)
-            for n in gone[:-1]:
-                graph.nodes.remove(n)
-            uses.producer[final] = fused
-            uses.readers[mm.inputs[0]] = [fused if r is mm else r
-                                          for r in uses.readers.get(mm.inputs[0], ())]
+            _replace(graph, uses, mm, [*gone, *act_nodes], fused)
             done += 1
         return PassResult(done)
 
 
-def _epilogue_activation(graph: Graph, uses: Uses, value: str) -> tuple[str | None, list[Node]]:
+def _replace(graph: Graph, uses: Uses, first: Node, gone: list[Node], fused: Node) -> None:
+    """``fused`` in place of ``first`` and the nodes ``gone`` after it (in graph order), put
+    where the last of them stood, where all its inputs are made (a residual's other addend
+    too); ``uses`` kept current, so a later match in the same call sees the fused node."""
+    graph.nodes[graph.nodes.index(gone[-1])] = fused
+    graph.nodes.remove(first)
+    for n in gone[:-1]:
+        graph.nodes.remove(n)
+    uses.producer[fused.outputs[0]] = fused
+    old = {id(first), *(id(n) for n in gone)}
+    for name in set(fused.inputs) - {""}:
+        uses.readers[name] = [fused if id(r) in old else r for r in uses.readers.get(name, ())]
+
+
+def _epilogue_activation(graph: Graph, uses: Uses, value: str, gelu: bool = True
+                         ) -> tuple[str | None, list[Node]]:
     """(the activation, its nodes in graph order, the last making its output) that alone
-    reads ``value``: an activation-fusion one (Relu, ..., Relu6, Silu) or GELU; (None, [])."""
+    reads ``value``: an activation-fusion one (Relu, ..., Relu6, Silu), or GELU when ``gelu``
+    (FusedMatMul has it, FusedConv not); (None, [])."""
     act = uses.sole_consumer(value)
     name = _activation(graph, act, value)
     if name is not None:
@@ -296,9 +288,9 @@ def _epilogue_activation(graph: Graph, uses: Uses, value: str) -> tuple[str | No
     silu = _silu(uses, value)
     if silu is not None:
         return "Silu", list(silu)
-    gelu = _gelu(graph, uses, value)
-    if gelu is not None:
-        return "Gelu", gelu
+    nodes = _gelu(graph, uses, value) if gelu else None
+    if nodes is not None:
+        return "Gelu", nodes
     return None, []
 
 
