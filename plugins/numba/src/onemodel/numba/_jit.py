@@ -9,11 +9,17 @@ its own threads on the same cores, and a spinning worker takes a core from them.
 user set it) before numba can load libgomp. When another library (PyTorch) loaded libgomp first,
 that is too late: numba's OpenMP threading layer would share that libgomp and its workers would
 spin after every parallel kernel. Then numba is steered to a threading layer that is not
-OpenMP (TBB where installed, else its own workqueue, whose workers block between kernels)."""
+OpenMP (TBB where installed, else its own workqueue, whose workers block between kernels).
+
+On x86, numba's code generation is told to prefer no vector gathers and scatters
+(:func:`_prefer_no_gathers`): LLVM's cost model for AMD's Zen 4 takes AVX-512 gathers for
+cheap, and a kernel's loop vectorized with them ran 3.4x slower than the same loop without
+(docs/benchmarks.md, "Twenty-fourth round")."""
 
 from __future__ import annotations
 
 import os
+import platform
 import threading
 import types
 
@@ -35,6 +41,36 @@ os.environ.setdefault(_POLICY, "PASSIVE")
 
 import numba  # noqa: E402
 from onemodel.tensors import threads  # noqa: E402
+
+# LLVM tuning features (not instruction sets): the machine code stays valid for the host
+PREFER_NO_GATHERS = ("+prefer-no-gather", "+prefer-no-scatter")
+
+
+def _prefer_no_gathers() -> bool:
+    """Add :data:`PREFER_NO_GATHERS` to the CPU features numba generates code for, on x86, when
+    numba generates no code in this process yet and the user chose neither features nor a CPU
+    (``NUMBA_CPU_FEATURES``, ``NUMBA_CPU_NAME``: setting either opts out). Why: on AMD's Zen 4
+    LLVM vectorized a MaxPool's taps over 16 output columns with ``vgatherqps`` and
+    ``vscatterdps`` (47.9 us; 14.0 us without, 12.4 us on 15 columns, which it left scalar);
+    LLVM sets these features itself for the Intel CPUs whose gathers are slow. The features
+    are part of numba's cache key, so machine code cached without them is not reused. Returns
+    whether they were added."""
+    from numba.core import codegen, config
+    from numba.core.registry import cpu_target
+
+    if config.CPU_FEATURES is not None or config.CPU_NAME is not None or \
+            "_toplevel_target_context" in vars(cpu_target):  # code generation under way
+        return False
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    features = codegen.get_host_cpu_features()
+    if not features:
+        return False
+    config.CPU_FEATURES = ",".join((features, *PREFER_NO_GATHERS))
+    return True
+
+
+PREFERS_NO_GATHERS = _prefer_no_gathers()  # before this package's first numba function
 
 from . import _cache  # noqa: E402
 
