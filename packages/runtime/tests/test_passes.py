@@ -269,10 +269,9 @@ def test_passes_come_from_the_registry_and_declare_their_changes(isolated_regist
     passes = default_passes()
     assert [p.name for p in passes] == ["identity", "constant-folding", "cse", "batchnorm-folding",
                                         "batchnorm-to-affine", "conv-affine-folding",
-                                        "matmul-add-to-gemm", "sibling-matmul-merge",
-                                        "rms-norm-fusion",
-                                        "activation-fusion", "matmul-scale-folding",
-                                        "gemm-weight-layout", "dead-code"]
+                                        "matmul-add-to-gemm", "matmul-scale-folding",
+                                        "sibling-matmul-merge", "rms-norm-fusion",
+                                        "activation-fusion", "gemm-weight-layout", "dead-code"]
     assert all(p.changes for p in passes)
 
 
@@ -814,12 +813,14 @@ def test_matmul_epilogue_fusion_leaves_what_is_not_a_bias_or_gelu(case):
                                    atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["bias", "no_bias", "scalar", "row_of_rank_three"])
-def test_a_layer_scale_folds_into_the_linear_before_it(case):
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("case", ["bias", "no_bias", "scalar", "row_of_rank_three", "bias_left"])
+def test_a_layer_scale_folds_into_the_linear_before_it(case, fused):
     """A Mul by a constant row of scales after a MatMul by constant weights (with its bias,
     fused or not) becomes the weights' columns and the bias scaled: ConvNeXt's layer scale
-    after its second Linear. The result equals torch's (x @ W + b) * g, and the weights the
-    file gave are left as they were (another node may read them)."""
+    after its second Linear, Whisper's query scale after its bias. The result equals
+    (x @ W + b) * g, and the weights the file gave are left as they were (another node may
+    read them)."""
     rng = np.random.default_rng(13)
     w, bias = f32(rng, 6, 4), f32(rng, 4)
     g = {"scalar": np.array(0.25, np.float32), "row_of_rank_three": f32(rng, 1, 1, 4)}.get(
@@ -827,13 +828,16 @@ def test_a_layer_scale_folds_into_the_linear_before_it(case):
     b = GraphBuilder()
     x = b.input("x", DType.F32, ("batch", 5, 6))
     y = b.op("MatMul", x, b.initializer("w", w))
-    if case != "no_bias":
+    if case == "bias_left":
+        y = b.op("Add", b.initializer("c", bias), y)
+    elif case != "no_bias":
         y = b.op("Add", y, b.initializer("c", bias))
     b.output(b.op("Mul", b.initializer("g", g), y), "out")
     b.output(b.op("MatMul", x, b.initializer("w", w)), "plain")  # the weights read again
-    passes = [MatMulScaleFolding()] if case == "no_bias" else \
-        [MatMulEpilogueFusion(), MatMulScaleFolding()]
-    opt, counts = _check(b.build(), passes, expect_ops_gone=("Mul", "Add"))
+    passes = [MatMulEpilogueFusion(), MatMulScaleFolding()] if fused and case != "no_bias" \
+        else [MatMulScaleFolding()]  # unfused: the bias Add stays, the scale folded before it
+    gone = ("Mul", "Add") if fused or case == "no_bias" else ("Mul",)
+    opt, counts = _check(b.build(), passes, expect_ops_gone=gone)
     assert counts["matmul-scale-folding"] == 1
     np.testing.assert_array_equal(opt.initializers["w"], w)
     xv = np.random.default_rng(14).standard_normal((3, 5, 6)).astype(np.float32)
@@ -843,20 +847,29 @@ def test_a_layer_scale_folds_into_the_linear_before_it(case):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["after_gelu", "per_row", "adds_axes", "scale_at_run_time"])
+@pytest.mark.parametrize("case", ["after_gelu", "per_row", "adds_axes", "scale_at_run_time",
+                                  "biased_value_read_twice", "bias_per_row"])
 def test_a_scale_that_is_not_a_row_after_a_linear_stays(case):
     """A Mul after an activation, by scales that differ along the rows, by a constant of more
-    axes than the product, or by a scale given at run time stays a Mul."""
+    axes than the product, or by a scale given at run time stays a Mul; so does one after a
+    bias Add whose value is read elsewhere too, or whose bias is not a row."""
     rng = np.random.default_rng(15)
     b = GraphBuilder()
     x = b.input("x", DType.F32, ("batch", 6))
     y = b.op("MatMul", x, b.initializer("w", f32(rng, 6, 4)))
     if case == "after_gelu":
         y = b.op("Relu", b.op("Add", y, b.initializer("c", f32(rng, 4))))
+    elif case == "biased_value_read_twice":
+        y = b.op("Add", y, b.initializer("c", f32(rng, 4)))
+        b.output(y, "biased")
+    elif case == "bias_per_row":
+        y = b.op("Add", y, b.initializer("c", f32(rng, 3, 4)))
     g = {"per_row": lambda: b.initializer("g", f32(rng, 3, 1)),
          "adds_axes": lambda: b.initializer("g", f32(rng, 1, 1, 4)),
          "scale_at_run_time": lambda: b.input("g", DType.F32, (4,)),
-         "after_gelu": lambda: b.initializer("g", f32(rng, 4))}[case]()
+         "after_gelu": lambda: b.initializer("g", f32(rng, 4)),
+         "biased_value_read_twice": lambda: b.initializer("g", f32(rng, 4)),
+         "bias_per_row": lambda: b.initializer("g", f32(rng, 4))}[case]()
     b.output(b.op("Mul", y, g), "out")
     graph = b.build()
     optimized = graph.copy()

@@ -22,12 +22,12 @@ def onemodel_register_passes(register) -> None:
     register("batchnorm-to-affine", f"{p}.affine:BatchNormToAffine", order=41)
     register("conv-affine-folding", f"{p}.affine:ConvAffineFolding", order=42)
     register("matmul-add-to-gemm", f"{p}.rewrites:MatMulAddToGemm", order=50)
+    # before sibling-matmul-merge: a query scaled after its bias (Whisper's) is then a plain
+    # projection that merges with K and V
+    register("matmul-scale-folding", f"{p}.affine:MatMulScaleFolding", order=51)
     register("sibling-matmul-merge", f"{p}.siblings:SiblingMatMulMerge", order=52)
     register("rms-norm-fusion", f"{p}.rewrites:RMSNormFusion", order=55)
     register("activation-fusion", f"{p}.rewrites:ActivationFusion", order=60)
-    # after onemodel-numba's matmul-epilogue-fusion (63), which leaves a layer scale's Mul
-    # after a FusedMatMul without an activation, before its elementwise fusion (65)
-    register("matmul-scale-folding", f"{p}.affine:MatMulScaleFolding", order=64)
     register("gemm-weight-layout", f"{p}.rewrites:GemmWeightLayout", order=67)
     register("dead-code", f"{p}.cleanup:DeadCodeElimination", order=70)
 

@@ -96,13 +96,16 @@ class ConvAffineFolding(Pass):
 class MatMulScaleFolding(Pass):
     name = "matmul-scale-folding"
     changes = ("folds a Mul by a constant row of scales (one per column) that alone reads a "
-               "MatMul's output by constant 2-D weights, or a FusedMatMul's without an "
-               "activation (a ConvNeXt block's layer scale after its second Linear), into the "
-               "weights' columns and the bias")
+               "MatMul's output by constant 2-D weights, or the Add of a constant bias row "
+               "after it, or a FusedMatMul's without an activation (a ConvNeXt block's layer "
+               "scale after its second Linear, Whisper's query scale after its bias), into "
+               "the weights' columns and the bias")
 
     # Why: the scale is a pass over the product and a step of its own (1.7-2.2 us on the
     # transformers ConvNeXt's 2x8x8x8); folded, the weights carry it, as a Conv's carry a
-    # BatchNorm's. (x @ W + b) * g and x @ (W * g) + b * g differ by the rounding of each term
+    # BatchNorm's. Before sibling-matmul-merge (order 52): a query scaled after its bias
+    # (Whisper's) is then a plain projection, merged with K and V into one product.
+    # (x @ W + b) * g and x @ (W * g) + b * g differ by the rounding of each term
     def run(self, graph: Graph) -> PassResult:
         uses = Uses(graph)
         specs = None
@@ -116,18 +119,26 @@ class MatMulScaleFolding(Pass):
             b = graph.initializers.get(b_name) if b_name else None
             if w is None or w.ndim != 2 or w.dtype.kind != "f" or (b_name and b is None):
                 continue
+            n = w.shape[1]
             step = uses.sole_consumer(node.outputs[0])
+            add = None  # a MatMul's bias Add between the product and the scale
+            if step is not None and step.op == "Add" and node.op == "MatMul":
+                bias = _const_operand(graph, step, node.outputs[0])
+                b = graph.initializers.get(bias) if bias else None
+                if b is None or b.dtype != w.dtype or b.shape != (n,):
+                    continue
+                add, b_name, step = step, bias, uses.sole_consumer(step.outputs[0])
             if step is None or step.op != "Mul":
                 continue
-            other = _const_operand(graph, step, node.outputs[0])
+            scaled = (add or node).outputs[0]
+            other = _const_operand(graph, step, scaled)
             g = graph.initializers.get(other) if other else None
-            n = w.shape[1]
             if g is None or g.dtype != w.dtype or g.size not in (1, n) or \
                     (g.size == n and g.shape[-1] != n) or any(d != 1 for d in g.shape[:-1]):
                 continue
             if specs is None:
                 specs = graph.validate(allow_unknown=True)
-            out = specs.get(node.outputs[0])
+            out = specs.get(scaled)
             if out is None or len(g.shape) > len(out.shape):  # a Mul that adds axes
                 continue
             row = np.broadcast_to(g.reshape(-1), (n,))
@@ -137,16 +148,32 @@ class MatMulScaleFolding(Pass):
             specs[w_name] = spec_of_array(w_new)
             if b is not None:
                 b_new = frozen((b * row).astype(w.dtype))
-                inputs.append(graph.fresh_name(b_name + "_scaled"))
-                specs[inputs[2]] = spec_of_array(b_new)
-            candidate = Node(node.op, inputs, [step.outputs[0]], dict(node.attrs), node.name)
-            if not same_spec(candidate, specs, [specs.get(step.outputs[0])]):
-                continue
+                b_scaled = graph.fresh_name(b_name + "_scaled")
+                specs[b_scaled] = spec_of_array(b_new)
+            if add is None:
+                inputs += [b_scaled] if b is not None else []
+                candidate = Node(node.op, inputs, [step.outputs[0]], dict(node.attrs),
+                                 node.name)
+                if not same_spec(candidate, specs, [specs.get(step.outputs[0])]):
+                    continue
+            else:  # the product, then its Add, which now writes the Mul's value
+                product = Node(node.op, inputs, list(node.outputs), dict(node.attrs), node.name)
+                a, c = (node.outputs[0], b_scaled) if add.inputs[0] == node.outputs[0] else \
+                    (b_scaled, node.outputs[0])
+                candidate = Node("Add", [a, c], [step.outputs[0]], dict(add.attrs), add.name)
+                if not same_spec(product, specs, [specs.get(node.outputs[0])]) or \
+                        not same_spec(candidate, specs, [specs.get(step.outputs[0])]):
+                    continue
             graph.initializers[w_name] = w_new
             if b is not None:
-                graph.initializers[inputs[2]] = b_new
-            node.inputs, node.outputs = candidate.inputs, candidate.outputs
-            uses.producer[step.outputs[0]] = node
+                graph.initializers[b_scaled] = b_new
+            if add is None:
+                node.inputs, node.outputs = candidate.inputs, candidate.outputs
+                uses.producer[step.outputs[0]] = node
+            else:
+                node.inputs = product.inputs
+                add.inputs, add.outputs = candidate.inputs, candidate.outputs
+                uses.producer[step.outputs[0]] = add
             graph.nodes.remove(step)
             done += 1
         return PassResult(done)

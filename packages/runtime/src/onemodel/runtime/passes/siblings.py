@@ -19,13 +19,16 @@ class SiblingMatMulMerge(Pass):
     name = "sibling-matmul-merge"
     changes = ("MatMuls of one input by constant 2-D weights with as many rows (a transformer's "
                "Q, K and V projections, LLaMA's gate and up projections) become one MatMul by "
-               "the weights side by side; when each is followed by an Add of a constant bias, "
-               "those become one Add too; a Split along the last axis hands each consumer its "
-               "columns (merged weights up to 4 MiB)")
+               "the weights side by side; when any is followed by an Add of a constant bias, "
+               "those become one Add too (zeros for the columns of a product without one, as "
+               "Whisper's K); a Split along the last axis hands each consumer its columns "
+               "(merged weights up to 4 MiB)")
 
     # Why: on small models each product is a kernel call of about 2 us whatever its size, and
     # each bias Add another 1-1.5 us; one product three times as wide costs little more than
-    # one. The Split's parts are views, so nothing is copied.
+    # one. The Split's parts are views, so nothing is copied. A product without a bias gets
+    # zeros: adding 0 changes no value but the sign of a zero (-0.0 + 0.0 is 0.0), and the one
+    # Add (or the fused product's bias) replaces the others' steps.
     def run(self, graph: Graph) -> PassResult:
         uses = Uses(graph)
         groups: dict[tuple, list[Node]] = {}
@@ -58,8 +61,10 @@ class SiblingMatMulMerge(Pass):
         if sum(w.nbytes for w in weights) > MERGE_MAX_BYTES:
             return False
         adds = [_bias_add(graph, uses, n) for n in members]
-        with_bias = all(a is not None for a in adds)
-        ends = [a for a, _ in adds] if with_bias else members  # the nodes whose values go on
+        biased = [a for a in adds if a is not None]
+        with_bias = bool(biased)
+        # the nodes whose values go on: each bias Add, or the product that has none
+        ends = [n if a is None else a[0] for n, a in zip(members, adds)]
         wanted = [specs.get(n.outputs[0]) for n in ends]
         if any(s is None for s in wanted) or any(n.outputs[0] in uses.outputs for n in ends):
             return False
@@ -69,17 +74,20 @@ class SiblingMatMulMerge(Pass):
         new = [Node("MatMul", [x, w_name], [product], {}, members[0].name + "_merged")]
         split_input = product
         if with_bias:
-            b_name = graph.fresh_name(adds[0][1] + "_merged")
-            split_input = graph.fresh_name(adds[0][0].outputs[0] + "_merged")
+            first_add, first_bias = biased[0]
+            b_name = graph.fresh_name(first_bias + "_merged")
+            split_input = graph.fresh_name(first_add.outputs[0] + "_merged")
             new.append(Node("Add", [product, b_name], [split_input], {},
-                            adds[0][0].name + "_merged"))
+                            first_add.name + "_merged"))
         new.append(Node("Split", [split_input, sizes], [n.outputs[0] for n in ends],
                         {"axis": -1}, members[0].name + "_split"))
         # frozen: the session's own copies, which kernels may lay out once (base.frozen)
         arrays = {w_name: frozen(np.concatenate(weights, axis=1)),
                   sizes: np.array([w.shape[1] for w in weights], np.int64)}
         if with_bias:
-            arrays[b_name] = frozen(np.concatenate([graph.initializers[b] for _, b in adds]))
+            arrays[b_name] = frozen(np.concatenate([
+                np.zeros(w.shape[1], w.dtype) if a is None else graph.initializers[a[1]]
+                for w, a in zip(weights, adds)]))
         trial = dict(specs)
         trial.update({name: spec_of_array(arr) for name, arr in arrays.items()})
         try:  # the product (and the Add): their shape rules accept them
@@ -92,7 +100,7 @@ class SiblingMatMulMerge(Pass):
             return False
         graph.initializers.update(arrays)
         at = min(graph.nodes.index(n) for n in members)
-        gone = set(map(id, members)) | ({id(a) for a, _ in adds} if with_bias else set())
+        gone = set(map(id, members)) | {id(a) for a, _ in biased}
         kept = [n for n in graph.nodes[:at] if id(n) not in gone]
         rest = [n for n in graph.nodes[at:] if id(n) not in gone]
         graph.nodes[:] = kept + new + rest
