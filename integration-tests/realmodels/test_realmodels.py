@@ -136,7 +136,9 @@ def test_convnext_layer_norms_read_their_permuted_views(monkeypatch):
 
 @pytest.mark.parametrize(("name", "expected"), [
     ("bert", ["", "", "Gelu", "Gelu"]),             # Q/K/V merged with their biases; the FFN
-    ("whisper_encoder", ["Gelu", "Gelu"]),           # nn.GELU's order
+    # nn.GELU's order; Q/K/V merged: Q's scale folded into its weights and bias, K's bias
+    # zeros (Whisper's k_proj has none)
+    ("whisper_encoder", ["", "", "Gelu", "Gelu"]),
     ("convnext", ["", "", "Gelu", "Gelu"]),           # 4-D activations (N, H, W, C)
 ])
 def test_linear_layers_take_their_bias_and_gelu_in_the_matmul(name, expected):

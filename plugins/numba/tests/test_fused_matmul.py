@@ -13,6 +13,7 @@ import pytest
 from conv_arrays import file_constant
 
 from onemodel.numba import gemm
+from onemodel.numba._simd import host_has_fma
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
@@ -61,7 +62,10 @@ def test_planned_calls_agree_with_the_reference(a_shape, n, dtype, activation):
     tol = 2e-6 if dtype == np.float32 else 1e-12
     for bias in (c, None):
         call, inputs = _planned(a, w, bias, activation)
-        assert call.__name__ == "fused_matmul_at"
+        # a bias alone on float32 panels: the sums start from it (panels.product)
+        biased = activation == "" and bias is not None and dtype == np.float32 and \
+            host_has_fma()
+        assert call.__name__ == ("biased_matmul_at" if biased else "fused_matmul_at")
         with np.errstate(all="ignore"):
             want = OPS["FusedMatMul"].kernel(*inputs, activation=activation)
             out = np.empty_like(want)
@@ -81,25 +85,38 @@ def test_gelu_is_torch_gelu():
     np.testing.assert_allclose(call(*inputs), want, rtol=1e-5, atol=1e-5)
 
 
-def test_other_calls_take_the_generic_call():
+@pytest.mark.parametrize("activation", ["Gelu", ""])  # "": the bias in the panels' sums
+def test_other_calls_take_the_generic_call(activation):
     a, w, c = _arrays((2, 5, 32), 64, np.float32, seed=2)
     w, c = file_constant(w), file_constant(c)
-    call, _ = _planned(a, w, c, "Gelu")
-    want = OPS["FusedMatMul"].kernel(a, w, c, activation="Gelu")
+    call, _ = _planned(a, w, c, activation)
+    want = OPS["FusedMatMul"].kernel(a, w, c, activation=activation)
     other_bias = c * 2
     _close(call(a, w, other_bias), OPS["FusedMatMul"].kernel(a, w, other_bias,
-                                                              activation="Gelu"), 2e-6)
+                                                              activation=activation), 2e-6)
+    _close(call(a, w), OPS["FusedMatMul"].kernel(a, w, activation=activation), 2e-6)
     longer = np.concatenate([a, a], axis=1)
-    _close(call(longer, w, c), OPS["FusedMatMul"].kernel(longer, w, c, activation="Gelu"),
+    _close(call(longer, w, c), OPS["FusedMatMul"].kernel(longer, w, c, activation=activation),
            2e-6)
     strided = np.repeat(a, 2, axis=2)[..., ::2]
     _close(call(strided, w, c), want, 2e-6)
     other_w = w * 0.5
-    _close(call(a, other_w, c), OPS["FusedMatMul"].kernel(a, other_w, c, activation="Gelu"),
-           2e-6)
+    _close(call(a, other_w, c), OPS["FusedMatMul"].kernel(a, other_w, c,
+                                                          activation=activation), 2e-6)
     strided_out = np.empty((2, 5, 128), np.float32)[..., ::2]
     call(a, w, c, out=strided_out)
     _close(strided_out, want, 2e-6)
+
+
+def test_a_bias_the_caller_can_change_is_added_after_the_product():
+    """A writable bias (a caller's array, not a file's constant) is not copied into the
+    panels' starting sums: changed in place, the next call adds the new values."""
+    a, w, c = _arrays((2, 5, 32), 64, np.float32, seed=3)
+    w = file_constant(w)
+    call, _ = _planned(a, w, c, "")
+    assert call.__name__ == "fused_matmul_at"
+    c += 1.0
+    _close(call(a, w, c), OPS["FusedMatMul"].kernel(a, w, c), 2e-6)
 
 
 def test_the_op_refuses_a_bias_that_is_not_a_row_of_the_columns():

@@ -43,13 +43,17 @@ def _taken(call) -> bool:
     (4, 8, 24), (5, 7, 16), (7, 33, 50), (12, 96, 384), (130, 64, 100), (3, 16, 48),
     (1, 5, 30), (64, 1, 17), (2, 40, 30), (6, 20, 48), (2, 576, 1024),
 ])  # 7: four, two and one row; 3: two and one; 2 and 6: the two-row tile
-def test_kernel_matches_a_float64_product(m, k, n):
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kernel_matches_a_float64_product(m, k, n, with_bias):
+    """The sums start from the bias row (zeros without one) in every tile, the last
+    panel's columns past N included."""
     rng = np.random.default_rng(m * 1000 + k + n)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
+    c = (rng.standard_normal(n) * 4).astype(np.float32) if with_bias else None
     y = np.full((m, n), np.nan, np.float32)
-    panels.product(a, panels.pack(b), n, y)
-    want = a.astype(np.float64) @ b.astype(np.float64)
+    panels.product(a, panels.pack(b), n, y, panels.pack_row(c, n))
+    want = a.astype(np.float64) @ b.astype(np.float64) + (0 if c is None else c)
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * math.sqrt(k))
 
 
@@ -61,7 +65,7 @@ def test_row_blocks_cover_every_row():
     a = rng.standard_normal((150, 1024)).astype(np.float32)
     b = rng.standard_normal((1024, 40)).astype(np.float32)
     y = np.full((150, 40), np.nan, np.float32)
-    panels.product(a, panels.pack(b), 40, y)
+    panels.product(a, panels.pack(b), 40, y, panels.pack_row(None, 40))
     np.testing.assert_allclose(y, a.astype(np.float64) @ b, rtol=2e-5, atol=1e-3)
 
 

@@ -318,16 +318,30 @@ def _fused_matmul_at(site: CallSite):
     c_shape = shapes[2] if len(shapes) > 2 else None
     if c_shape not in (None, (n,)):
         return None
-    product = _matmul_at(replace(site, shapes=shapes[:2], dtypes=dtypes[:2],
-                                 values=site.values[:2], attrs={}, generic=matmul))
-    if product is None:
-        return None
     a_shape, b_shape, rows, generic = shapes[0], shapes[1], math.prod(out_shape[:-1]), site.generic
     has_bias, no_bias = c_shape is not None, _NO_BIAS[dtype]
     c_const = site.values[2] if has_bias else no_bias
     if not (isinstance(c_const, np.ndarray) and c_const.dtype == dtype and c_const.ndim == 1
             and c_const.flags.c_contiguous):
         c_const = None
+    mm_site = replace(site, shapes=shapes[:2], dtypes=dtypes[:2], values=site.values[:2],
+                      attrs={}, generic=matmul)
+    b = site.values[1] if len(site.values) > 1 else None
+    if act == 0 and has_bias and c_const is not None and _immutable(c_const) and \
+            _panels_fit(mm_site, b):
+        # the bias alone: the panels' sums start from it, no pass after (the plan's own bias
+        # only; any other call, the generic one)
+        panel = _panel_product(b, False, a_shape, out_shape,
+                               lambda A, B, out=None: generic(A, B, c_const, out=out), c_const)
+
+        def biased_matmul_at(A, B, C=None, out=None):
+            if C is not c_const:
+                return generic(A, B, C, out=out)
+            return panel(A, B, out=out)
+        return biased_matmul_at
+    product = _matmul_at(mm_site)
+    if product is None:
+        return None
     bound = [None]  # the epilogue's machine code (_jit.entry), bound at the first call
 
     def fused_matmul_at(A, B, C=None, out=None):
@@ -382,17 +396,18 @@ def _gemm_panels_fit(site: CallSite, attrs: dict, b, out_shape) -> bool:
         panels.fits(a_shape[0], k, n)
 
 
-def _panel_product(b, transposed, a_shape, out_shape, reference):
-    """The planned call of ``A @ b`` (``A @ b.T`` when ``transposed``) by
-    :func:`panels.product` over the weights packed once (shared by every plan of ``b``);
-    another B, or an A or ``out`` of another shape, dtype or layout than planned, goes to
-    ``reference``."""
+def _panel_product(b, transposed, a_shape, out_shape, reference, bias=None):
+    """The planned call of ``A @ b`` (``A @ b.T`` when ``transposed``; ``+ bias``, an
+    immutable row, when given) by :func:`panels.product` over the weights packed once (shared
+    by every plan of ``b``); another B, or an A or ``out`` of another shape, dtype or layout
+    than planned, goes to ``reference``."""
     from . import panels
 
     bp = _once(b, "panels of the transpose", lambda b: panels.pack(b.T)) if transposed \
         else _once(b, "panels", panels.pack)
     rows = (math.prod(a_shape[:-1]), a_shape[-1])
     n = out_shape[-1]
+    cp = panels.pack_row(bias, n)
     dtype = np.dtype(np.float32)
     bound = [None]  # the kernel's machine code (_jit.entry), bound at the first call
 
@@ -404,6 +419,6 @@ def _panel_product(b, transposed, a_shape, out_shape, reference):
             A = np.ascontiguousarray(A)
         y = np.empty(out_shape, dtype) if out is None else out
         a2, y2 = A.reshape(rows), y.reshape(rows[0], n)
-        (bound[0] or _jit.bind(bound, panels.product, (a2, bp, n, y2)))(a2, bp, n, y2)
+        (bound[0] or _jit.bind(bound, panels.product, (a2, bp, n, y2, cp)))(a2, bp, n, y2, cp)
         return y
     return panels_at
