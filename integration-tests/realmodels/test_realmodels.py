@@ -134,6 +134,18 @@ def test_convnext_layer_norms_read_their_permuted_views(monkeypatch):
         assert bound, "no LayerNorm read a permuted view"
 
 
+def test_convnext_channels_first_layer_norms_are_one_node():
+    """transformers' ConvNeXt normalizes its stem's and its downsampling layer's channels with
+    a Transpose to channels-last, a LayerNormalization and the Transpose back: each becomes
+    one ChannelLayerNormalization (the blocks' norms, read by a Linear in channels-last
+    layout, stay); the outputs agree with onnxruntime."""
+    session = _one_thread_session_agrees("convnext")
+    ops = [n.op for n in session.graph.nodes]
+    assert session.optimizations.get("channel-layer-norm-fusion") == 2
+    assert ops.count("ChannelLayerNormalization") == 2
+    assert ops.count("LayerNormalization") == 3  # two blocks' and the pooled output's
+
+
 @pytest.mark.parametrize(("name", "expected"), [
     ("bert", ["", "", "Gelu", "Gelu"]),             # Q/K/V merged with their biases; the FFN
     # nn.GELU's order; Q/K/V merged: Q's scale folded into its weights and bias, K's bias

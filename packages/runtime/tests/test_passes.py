@@ -271,7 +271,8 @@ def test_passes_come_from_the_registry_and_declare_their_changes(isolated_regist
                                         "batchnorm-to-affine", "conv-affine-folding",
                                         "matmul-add-to-gemm", "matmul-scale-folding",
                                         "sibling-matmul-merge", "rms-norm-fusion",
-                                        "activation-fusion", "gemm-weight-layout", "dead-code"]
+                                        "channel-layer-norm-fusion", "activation-fusion",
+                                        "gemm-weight-layout", "dead-code"]
     assert all(p.changes for p in passes)
 
 

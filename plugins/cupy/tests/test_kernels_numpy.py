@@ -212,6 +212,8 @@ for dt in F:
     case("LayerNormalization", [r(3, 4, 7, dtype=dt), r(7, dtype=dt), r(7, dtype=dt)])
     case("LayerNormalization", [r(3, 4, 7, dtype=dt), r(4, 7, dtype=dt)], axis=1, epsilon=1e-2)
     case("LayerNormalization", [r(3, 4, 7, dtype=dt), r(7, dtype=dt)], stash_type=0)
+    case("ChannelLayerNormalization", [r(2, 6, 5, 3, dtype=dt), r(6, dtype=dt), r(6, dtype=dt)])
+    case("ChannelLayerNormalization", [r(3, 4, 7, dtype=dt), r(4, dtype=dt)], epsilon=1e-2)
     for op in ("Softmax", "LogSoftmax"):
         case(op, [r(3, 4, 7, dtype=dt, lo=-30, hi=30)])
         case(op, [r(3, 4, 7, dtype=dt)], axis=0)

@@ -68,6 +68,9 @@ CASES = [
     ("SkipLayerNormalization", [(3, 7, 33), (1, 7, 33), (33,), (33,)], dict(epsilon=1e-3)),
     ("SkipLayerNormalization", [(2, 5, 17), (5, 17), (17,), None, (17,)], {}),
     ("SkipLayerNormalization", [(6, 9), (9,), (9,)], {}),
+    ("ChannelLayerNormalization", [(2, 8, 5, 7), (8,), (8,)], {}),
+    ("ChannelLayerNormalization", [(3, 5, 11), (5,)], dict(epsilon=1e-3)),
+    ("ChannelLayerNormalization", [(1, 3, 2, 3, 4), (3,), (3,)], {}),
     # a global average written as mean (MNASNet's head), the last axis, every axis
     ("ReduceMean", [(2, 5, 4, 3), ("const", [2, 3])], dict(keepdims=0)),
     ("ReduceMean", [(2, 5, 4, 3), ("const", [-2, -1])], {}),
@@ -192,6 +195,7 @@ CASES = [
     ("LRN", [(0, 4, 3, 3)], dict(size=3)),
     ("LayerNormalization", [(0, 6), (6,), (6,)], {}),
     ("SkipLayerNormalization", [(0, 6), (0, 6), (6,), (6,)], {}),
+    ("ChannelLayerNormalization", [(0, 4, 3, 3), (4,), (4,)], {}),
     ("ReduceMean", [(0, 4, 3), ("const", [1, 2])], {}),
     ("Gelu", [(0, 5)], {}),
     ("ReluGrad", [(0, 5), (0, 5)], {}),

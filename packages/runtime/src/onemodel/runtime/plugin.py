@@ -27,6 +27,7 @@ def onemodel_register_passes(register) -> None:
     register("matmul-scale-folding", f"{p}.affine:MatMulScaleFolding", order=51)
     register("sibling-matmul-merge", f"{p}.siblings:SiblingMatMulMerge", order=52)
     register("rms-norm-fusion", f"{p}.rewrites:RMSNormFusion", order=55)
+    register("channel-layer-norm-fusion", f"{p}.channels:ChannelLayerNormFusion", order=56)
     register("activation-fusion", f"{p}.rewrites:ActivationFusion", order=60)
     register("gemm-weight-layout", f"{p}.rewrites:GemmWeightLayout", order=67)
     register("dead-code", f"{p}.cleanup:DeadCodeElimination", order=70)

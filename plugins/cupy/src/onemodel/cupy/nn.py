@@ -207,6 +207,18 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
             inv.astype(stash, copy=False))
 
 
+def channel_layer_normalization(X, Scale, B=None, *, epsilon=1e-5):
+    """ChannelLayerNormalization: LayerNormalization over the channels (axis 1) at each pixel,
+    ConvNeXt's channels-first LayerNorm, as the reference computes it."""
+    xp = namespace(X)
+    shape = (1, -1) + (1,) * (X.ndim - 2)
+    mean = X.mean(axis=1, keepdims=True)
+    xc = X - mean
+    var = (xc * xc).mean(axis=1, keepdims=True)
+    y = xc * (1 / xp.sqrt(var + scalar(epsilon, X.dtype))) * Scale.reshape(shape)
+    return y if B is None else y + B.reshape(shape)
+
+
 def softmax(input, *, axis=-1):
     xp = namespace(input)
     if input.size == 0:

@@ -93,6 +93,7 @@ KERNELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "GlobalMaxPool": (f"{_N}:global_max_pool", FLOAT),
     "BatchNormalization": (f"{_N}:batch_normalization", FLOAT),
     "LayerNormalization": (f"{_N}:layer_normalization", FLOAT),
+    "ChannelLayerNormalization": (f"{_N}:channel_layer_normalization", FLOAT),
     "Softmax": (f"{_N}:softmax", FLOAT),
     "LogSoftmax": (f"{_N}:log_softmax", FLOAT),
     # the runtime's elementwise chains: one generated CuPy kernel each

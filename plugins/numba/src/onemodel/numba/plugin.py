@@ -24,6 +24,8 @@ KERNELS: dict[str, tuple[str, str]] = {
     "LayerNormalization": (f"{_K}.norm:layer_normalization", f"{_K}.support:layer_norm"),
     "RMSNormalization": (f"{_K}.norm:rms_normalization", f"{_K}.support:rms_norm"),
     "SkipLayerNormalization": (f"{_K}.norm:skip_layer_normalization", f"{_K}.support:skip_norm"),
+    "ChannelLayerNormalization": (f"{_K}.norm:channel_layer_normalization",
+                                  f"{_K}.support:channel_norm"),
     "LRN": (f"{_K}.norm:lrn", f"{_K}.support:lrn"),
     "InstanceNormalization": (f"{_K}.norm:instance_normalization", f"{_K}.support:group_norm"),
     "GroupNormalization": (f"{_K}.norm:group_normalization", f"{_K}.support:group_norm"),
@@ -58,7 +60,7 @@ UPDATES: dict[str, str] = {"optim.SGD": f"{_K}.optim:sgd", "optim.Adam": f"{_K}.
 WRITES_OUT: set[str] = {"FusedElementwise", "RMSNormalization", "BatchNormalization", "Softmax",
                         "LogSoftmax", "Erf", "Gelu", "MaxPool", "AveragePool", "GlobalAveragePool",
                         "Conv", "FusedConv", "FusedAttention", "FusedGemm", "Gemm", "MatMul",
-                        "FusedMatMul"}
+                        "FusedMatMul", "ChannelLayerNormalization"}
 
 
 @hookimpl

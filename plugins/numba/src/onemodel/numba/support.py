@@ -149,6 +149,13 @@ def attention(Q, Kt, V, mask=None, *, scale=1.0):
     return Kt.shape[:-2] == lead and V.shape[:-2] == lead and (mask is None or mask.ndim <= 4)
 
 
+def channel_norm(X, Scale, B=None, *, epsilon=1e-5):
+    """ChannelLayerNormalization of float32/float64 (one dtype) with one Scale (and B) value
+    per channel."""
+    return X.ndim >= 3 and _float(X, Scale, B) and Scale.shape == (X.shape[1],) and \
+        (B is None or B.shape == (X.shape[1],))
+
+
 def skip_norm(X, Skip, Scale, B=None, Bias=None, *, epsilon=1e-5):
     """SkipLayerNormalization of float32/float64 (one dtype) whose Scale, B and Bias are rows
     of X's last axis and whose Skip repeats whole rows: X's shape, or a trailing part of it

@@ -4,6 +4,7 @@ plugin's; ``default_passes()`` lists what the registry holds, in order."""
 from .affine import BatchNormToAffine, ConvAffineFolding, MatMulScaleFolding
 from .attention import AttentionFusion
 from .base import Pass, PassManager
+from .channels import ChannelLayerNormFusion
 from .cleanup import CommonSubexpressionElimination, DeadCodeElimination, IdentityElimination
 from .folding import ConstantFolding
 from .rewrites import (
@@ -19,7 +20,7 @@ from .rewrites import (
 from .siblings import SiblingMatMulMerge
 
 __all__ = ["ActivationFusion", "AttentionFusion", "BatchNormFolding", "BatchNormToAffine",
-           "CommonSubexpressionElimination", "ConstantFolding", "ConvAffineFolding",
+           "ChannelLayerNormFusion", "CommonSubexpressionElimination", "ConstantFolding", "ConvAffineFolding",
            "ConvResidualFusion", "DeadCodeElimination", "GemmWeightLayout",
            "IdentityElimination", "MatMulAddToGemm", "MatMulEpilogueFusion",
            "MatMulScaleFolding", "Pass", "PassManager", "RMSNormFusion", "SiblingMatMulMerge",

@@ -206,6 +206,37 @@ def skip_layer_normalization(X, Skip, Scale, B=None, Bias=None, *, epsilon=1e-5)
     return y, total
 
 
+# layer normalization over the channels of channels-first data -----------------------------------
+
+def _channel_layer_norm_shape(specs, *, epsilon=1e-5):
+    x = specs[0]
+    dt = same_dtype([s for s in specs if s is not None], FLOATING)
+    if len(x.shape) < 3:
+        raise ShapeError(f"ChannelLayerNormalization: X needs batch, channel and spatial axes "
+                         f"(N, C, ...), got {tuple(x.shape)}")
+    for name, spec in zip(("Scale", "B"), specs[1:]):
+        if spec is not None and tuple(spec.shape) != (x.shape[1],):
+            raise ShapeError(f"ChannelLayerNormalization: {name} {tuple(spec.shape)} must be "
+                             f"one value per channel of X {tuple(x.shape)}")
+    return TensorSpec(x.shape, dt)
+
+
+@defop("ChannelLayerNormalization", shape=_channel_layer_norm_shape, domain="onemodel",
+       writes_out=True)
+def channel_layer_normalization(X, Scale, B=None, *, epsilon=1e-5, out=None):
+    """LayerNormalization over the channels (axis 1) of (N, C, ...) data, at each pixel:
+    ConvNeXt's channels-first LayerNorm (torchvision's LayerNorm2d), which exports write as a
+    Transpose to channels-last, a LayerNormalization over the last axis and the Transpose
+    back. This reference runs those three ops' kernels; ``out``: the planned buffer."""
+    nd = X.ndim
+    y = layer_normalization.kernel(X.transpose(0, *range(2, nd), 1), Scale, B, axis=-1,
+                                   epsilon=epsilon)[0].transpose(0, nd - 1, *range(1, nd - 1))
+    if out is None:
+        return y
+    np.copyto(out, y)
+    return out
+
+
 # elementwise chains ------------------------------------------------------------------------------
 
 def chain_operands(op: str) -> int | None:
