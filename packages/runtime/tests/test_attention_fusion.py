@@ -113,3 +113,56 @@ def test_the_runtime_attention_graph_fuses_under_default_passes():
         np.testing.assert_allclose(session.run({"input": x})["output"].numpy(),
                                    plain.run({"input": x})["output"].numpy(),
                                    rtol=1e-5, atol=1e-5)
+
+
+def _masked_graph(shapes, *, read_partial=False):
+    """softmax(Q @ Kt * 0.125 + m0 + m1 + ...) @ V with each mask added in turn (T5's decoder
+    adds its position bias, then its causal mask)."""
+    b = GraphBuilder("masks")
+    q = b.input("q", DType.F32, (B, H, S, D))
+    k = b.input("k", DType.F32, (B, H, S, D))
+    v = b.input("v", DType.F32, (B, H, S, D))
+    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", k, perm=(0, 1, 3, 2))),
+                  b.const(np.float32(0.125)))
+    for i, shape in enumerate(shapes):
+        m = b.input(f"mask{i}", DType.F32, shape)
+        scores = b.op("Add", scores, m) if i % 2 == 0 else b.op("Add", m, scores)
+        if read_partial and i == 0:
+            b.output(scores, "partial")
+    b.output(b.op("MatMul", b.op("Softmax", scores, axis=-1), v), "y")
+    return b.build()
+
+
+@pytest.mark.parametrize("shapes", [[(1, H, S, S), (B, 1, S, S)],
+                                    [(1, H, S, S), (B, 1, 1, S), (S, S)]])
+def test_masks_added_one_after_another_are_summed_into_one(shapes):
+    import torch
+
+    graph = _masked_graph(shapes)
+    optimized, n = _fused(graph)
+    assert n == 1
+    ops = [x.op for x in optimized.nodes if x.op != "Identity"]
+    assert ops.count("FusedAttention") == 1 and "Softmax" not in ops
+    assert ops.count("Add") == len(shapes) - 1  # the masks' sum, computed once
+    rng = np.random.default_rng(4)
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in
+             [("q", (B, H, S, D)), ("k", (B, H, S, D)), ("v", (B, H, S, D))]}
+    causal = np.triu(np.full((S, S), -np.inf, np.float32), 1)
+    for i, shape in enumerate(shapes):
+        m = rng.standard_normal(shape).astype(np.float32)
+        # the last mask holds -inf above the diagonal (causal)
+        feeds[f"mask{i}"] = m + causal if i == len(shapes) - 1 else m
+    got = Session(optimized, optimize=False).run(feeds)["y"].numpy()
+    plain = Session(graph, optimize=False).run(feeds)["y"].numpy()
+    t = {key: torch.from_numpy(val) for key, val in feeds.items()}
+    total = sum(t[f"mask{i}"] for i in range(len(shapes)))
+    want = torch.nn.functional.scaled_dot_product_attention(t["q"], t["k"], t["v"],
+                                                            attn_mask=total,
+                                                            scale=0.125).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_masked_scores_read_elsewhere_stay():
+    _, n = _fused(_masked_graph([(1, H, S, S), (B, 1, S, S)], read_partial=True))
+    assert n == 0

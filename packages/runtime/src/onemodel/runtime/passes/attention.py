@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from onemodel.tensors import OneModelError
+from onemodel.tensors.ops import OPS
+
 from ..graph import Graph, Node
 from .base import Pass, PassResult, Uses, same_spec
 from .rewrites import _scalar
@@ -9,10 +12,11 @@ from .rewrites import _scalar
 
 class AttentionFusion(Pass):
     name = "attention-fusion"
-    changes = ("replaces MatMul(Q, Kt), an optional Mul or Div by a constant scalar, an optional "
-               "Add of a mask, Softmax over the last axis and MatMul by V (attention as "
-               "torch.onnx exports BERT, GPT-2, ViT, Whisper and LLaMA) with one FusedAttention "
-               "node reading Q, Kt, V and the mask")
+    changes = ("replaces MatMul(Q, Kt), an optional Mul or Div by a constant scalar, optional "
+               "Adds of masks, Softmax over the last axis and MatMul by V (attention as "
+               "torch.onnx exports BERT, GPT-2, ViT, Whisper and LLaMA; T5's decoder adds its "
+               "position bias, then its causal mask) with one FusedAttention node reading Q, "
+               "Kt, V and the mask (several masks added together first)")
 
     # Why: four to five kernel calls per head group on small models (about 2-5 us apiece)
     # and three passes over the scores; one kernel computes each query row's scores, softmax
@@ -27,7 +31,7 @@ class AttentionFusion(Pass):
             found = self._match(graph, uses, soft)
             if found is None:
                 continue
-            qk, scale, mask, pv, chain = found
+            qk, scale, masks, pv, chain = found
             if specs is None:
                 specs = graph.validate(allow_unknown=True)
             x = specs.get(soft.inputs[0])
@@ -36,12 +40,19 @@ class AttentionFusion(Pass):
             axis = soft.attrs.get("axis", -1)
             if axis % len(x.shape) != len(x.shape) - 1:
                 continue
+            # several masks (T5's position bias, then its causal mask): added together first,
+            # in the order the scores met them; (s + a) + b and s + (a + b) differ by rounding
+            summed = _summed_masks(graph, specs, masks, soft.name or pv.name)
+            if summed is None:
+                continue
+            mask, mask_adds = summed
             inputs = [qk.inputs[0], qk.inputs[1], pv.inputs[1]] + ([mask] if mask else [])
             fused = Node("FusedAttention", inputs, list(pv.outputs), {"scale": scale},
                          soft.name or pv.name)
             if not same_spec(fused, specs, [specs.get(pv.outputs[0])]):
                 continue
-            graph.nodes[graph.nodes.index(pv)] = fused
+            at = graph.nodes.index(pv)
+            graph.nodes[at:at + 1] = [*mask_adds, fused]
             uses.producer[pv.outputs[0]] = fused
             for n in chain:
                 graph.nodes.remove(n)
@@ -55,21 +66,60 @@ class AttentionFusion(Pass):
         if pv is None or pv.op != "MatMul" or pv.inputs[0] != soft.outputs[0] or \
                 pv.inputs[1] == soft.outputs[0]:
             return None
-        value = soft.inputs[0]
-        node = uses.producer.get(value)
-        if node is not None and node.op == "Add" and uses.sole_consumer(value) is soft and \
-                node.inputs[0] != node.inputs[1]:
+        value, reader = soft.inputs[0], soft
+        masks: list[str] = []  # outermost first
+        adds: list[Node] = []
+        while len(adds) < _MAX_MASKS:
+            node = uses.producer.get(value)
+            if node is None or node.op != "Add" or uses.sole_consumer(value) is not reader or \
+                    node.inputs[0] == node.inputs[1]:
+                break
             for side in (0, 1):  # the scores: the side a MatMul (maybe scaled) produced
                 found = _scores(graph, uses, node.inputs[side], node)
                 if found is not None:
                     qk, scale, nodes = found
-                    return qk, scale, node.inputs[1 - side], pv, [soft, node, *nodes]
+                    return (qk, scale, [node.inputs[1 - side], *masks][::-1], pv,
+                            [soft, *adds, node, *nodes])
+            # else the scores lie further down the one side that is an Add read only here
+            down = [side for side in (0, 1) if getattr(uses.producer.get(node.inputs[side]),
+                                                       "op", None) == "Add"]
+            if len(down) != 1:
+                return None
+            masks.append(node.inputs[1 - down[0]])
+            adds.append(node)
+            value, reader = node.inputs[down[0]], node
+        if adds:
             return None
         found = _scores(graph, uses, value, soft)
         if found is None:
             return None
         qk, scale, nodes = found
-        return qk, scale, "", pv, [soft, *nodes]
+        return qk, scale, [], pv, [soft, *nodes]
+
+
+# masks added to the scores one after another that the fused node takes (summed)
+_MAX_MASKS = 4
+
+
+def _summed_masks(graph: Graph, specs: dict, masks: list[str], name: str):
+    """(the one mask value or "", the Add nodes that make it) for ``masks`` in the order the
+    scores met them; None when a mask's spec is unknown or they do not broadcast."""
+    if len(masks) <= 1:
+        return (masks[0] if masks else ""), []
+    adds, total = [], masks[0]
+    for k, m in enumerate(masks[1:]):
+        a, b = specs.get(total), specs.get(m)
+        if a is None or b is None:
+            return None
+        out = graph.fresh_name(f"{name}_mask_sum{k}")
+        node = Node("Add", [total, m], [out], {}, f"{name}/mask_sum{k}")
+        try:
+            specs[out] = OPS["Add"].infer([a, b], {})[0]
+        except OneModelError:
+            return None
+        adds.append(node)
+        total = out
+    return total, adds
 
 
 def _scores(graph: Graph, uses: Uses, value: str, reader: Node):
