@@ -166,3 +166,33 @@ def test_masks_added_one_after_another_are_summed_into_one(shapes):
 def test_masked_scores_read_elsewhere_stay():
     _, n = _fused(_masked_graph([(1, H, S, S), (B, 1, S, S)], read_partial=True))
     assert n == 0
+
+
+@pytest.mark.parametrize("perm", [(0, 2, 1, 3), (0, 1, 3, 2)])
+def test_the_transpose_that_gathers_the_heads_joins_the_node(perm):
+    """A Transpose (0, 2, 1, 3) after the attention (the heads gathered back before the
+    output projection's Reshape) becomes the fused node's transpose_output; another
+    permutation stays a Transpose. Both equal torch's result, transposed the same way."""
+    import torch
+
+    b = GraphBuilder("gathered")
+    q, k, v = (b.input(n, DType.F32, (B, H, S, D)) for n in ("q", "k", "v"))
+    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", k, perm=(0, 1, 3, 2))),
+                  b.const(np.float32(0.125)))
+    y = b.op("Transpose", b.op("MatMul", b.op("Softmax", scores, axis=-1), v), perm=perm)
+    b.output(b.op("Reshape", y, b.const(np.array([B, -1, H * D if perm == (0, 2, 1, 3)
+                                                  else S], np.int64))), "y")
+    graph = b.build()
+    optimized, n = _fused(graph)
+    assert n == 1
+    fused = [x for x in optimized.nodes if x.op == "FusedAttention"]
+    gathered = perm == (0, 2, 1, 3)
+    assert fused[0].attrs.get("transpose_output", 0) == int(gathered)
+    assert ("Transpose" in {x.op for x in optimized.nodes if x is not fused[0]
+                            and x.inputs[0] not in ("k",)}) != gathered
+    feeds = _feeds(graph, seed=5)
+    got = Session(optimized, optimize=False).run(feeds)["y"].numpy()
+    t = {key: torch.from_numpy(val) for key, val in feeds.items()}
+    want = torch.nn.functional.scaled_dot_product_attention(t["q"], t["k"], t["v"],
+                                                            scale=0.125).permute(*perm)
+    np.testing.assert_allclose(got, want.reshape(got.shape).numpy(), rtol=1e-5, atol=1e-6)

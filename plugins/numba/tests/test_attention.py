@@ -140,8 +140,43 @@ def test_lanes_parallel_variant_equals_the_serial():
     outs = []
     for variant in (attention._attention_lanes.serial, attention._attention_lanes.parallel):
         out = np.full((2, 3, 17, 20), np.nan, np.float32)
-        variant(q, kt, v, mask, True, np.float32(0.25), scratch, out)
+        variant(q, kt, v, mask, True, np.float32(0.25), scratch, out, False)
         outs.append(out)
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_allclose(outs[0], REFERENCE(q, kt, v, mask, scale=0.25), rtol=2e-5,
                                atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("seq,head", [(5, 8), (17, 20), (33, 16)])  # lanes, lanes, BLAS
+def test_transposed_output_is_the_heads_gathered_back(dtype, seq, head):
+    """``transpose_output``: the result written as (B, S, H, Dv), each row where the
+    Transpose (0, 2, 1, 3) after attention would put it; eager, planned, into ``out``, and the
+    reference agree with torch's result transposed."""
+    import torch
+
+    from onemodel.tensors.ops.specialize import CallSite, specialize
+
+    q, k, v = (_heads(2, seq, 3, head, dtype, "view") for _ in range(3))
+    kt = k.transpose(0, 1, 3, 2)
+    mask = RNG.standard_normal((2, 1, 1, seq)).astype(dtype)
+    t = (torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *t, attn_mask=torch.from_numpy(mask), scale=0.3).numpy().transpose(0, 2, 1, 3)
+    assert supports(q, kt, v, mask, scale=0.3, transpose_output=1)
+    got = attention.fused_attention(q, kt, v, mask, scale=0.3, transpose_output=1)
+    assert got.shape == (2, seq, 3, head) and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, **_tol(dtype))
+    np.testing.assert_allclose(REFERENCE(q, kt, v, mask, scale=0.3, transpose_output=1), want,
+                               **_tol(dtype))
+    attrs = {"scale": 0.3, "transpose_output": 1}
+    site = CallSite((q.shape, kt.shape, v.shape, mask.shape), (q.dtype,) * 4,
+                    (None, None, None, None), attrs, (want.shape,),
+                    lambda *a, out=None: attention.fused_attention(*a, **attrs, out=out))
+    call = specialize(attention.fused_attention, site)
+    out = np.full(want.shape, np.nan, dtype)
+    assert call(q, kt, v, mask, out=out) is out
+    np.testing.assert_allclose(out, want, **_tol(dtype))
+    np.testing.assert_allclose(call(q, kt, v, mask), want, **_tol(dtype))
+    # a three-axis call cannot gather heads: declined, and the op's shape rule says why
+    assert not supports(q[0], kt[0], v[0], None, transpose_output=1)

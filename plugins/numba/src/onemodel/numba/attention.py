@@ -38,8 +38,9 @@ _LOWEST = _EXP_LOW  # log of the smallest normal float32: exp below it is taken 
 
 
 @jit(parallel=True)
-def _attention_rows(q, kt, v, mask, has_mask, scale, scratch, out):
-    """out[b, h, i] = softmax(q[b, h, i] @ kt[b, h] * scale + mask[...]) @ v[b, h], one query
+def _attention_rows(q, kt, v, mask, has_mask, scale, scratch, out, heads_last):
+    """out[b, h, i] = softmax(q[b, h, i] @ kt[b, h] * scale + mask[...]) @ v[b, h] (``out[b, i,
+    h]`` with ``heads_last``: the (B, S, H, Dv) layout the heads are gathered in), one query
     row at a time. Each head's Q, Kt and V are first copied from their strides into the head's
     part of ``scratch`` (flat, C-contiguous), so the products' inner loops run over unit
     strides and vectorize. The mask is 4-D; an axis of size 1 broadcasts. A row holding NaN, or
@@ -107,13 +108,15 @@ def _attention_rows(q, kt, v, mask, has_mask, scale, scratch, out):
                 vrow = vo + j * dv
                 for e in range(dv):
                     scratch[U(ao + e)] += p * scratch[U(vrow + e)]
+            row = out[b, i, h] if heads_last else out[b, h, i]
             for e in range(dv):
-                out[b, h, i, e] = scratch[U(ao + e)]
+                row[e] = scratch[U(ao + e)]
 
 
 @jit(parallel=True)
-def _attention_lanes(q, kt, v, mask, has_mask, scale, scratch, out):
-    """float32 ``out[b, h] = softmax(q[b, h] @ kt[b, h] * scale + mask) @ v[b, h]`` on register
+def _attention_lanes(q, kt, v, mask, has_mask, scale, scratch, out, heads_last):
+    """float32 ``out[b, h] = softmax(q[b, h] @ kt[b, h] * scale + mask) @ v[b, h]`` (into
+    ``out[b, :, h]`` with ``heads_last``) on register
     tiles of eight lanes (:mod:`._simd`, AVX2/FMA). Per head: Kt and V are copied into panels
     whose rows are padded to eight with zeros; the scores are four query rows by eight keys
     per tile (a broadcast of Q, a load of the panel, four fused multiply-adds per step of D);
@@ -221,8 +224,9 @@ def _attention_lanes(q, kt, v, mask, has_mask, scale, scratch, out):
                 store8(scratch, U(to + 2 * dvp + dc), a2)
                 store8(scratch, U(to + 3 * dvp + dc), a3)
             for r in range(min(4, sq - i)):
+                row = out[b, i + r, h] if heads_last else out[b, h, i + r]
                 for e in range(dv):
-                    out[b, h, i + r, e] = scratch[U(to + r * dvp + e)]
+                    row[e] = scratch[U(to + r * dvp + e)]
 
 
 @jit(parallel=True)
@@ -251,9 +255,10 @@ def _four_d(shape) -> tuple[int, ...]:
     return (1,) * (4 - len(shape)) + tuple(shape)
 
 
-def _run(q4, kt4, v4, m4, has_mask, scale, out4, path: str):
-    """The attention of 4-D views by ``path`` (:func:`_path`); ``out4`` C-contiguous
-    (B, H, Sq, Dv)."""
+def _run(q4, kt4, v4, m4, has_mask, scale, out4, path: str, heads_last=False):
+    """The attention of 4-D views by ``path`` (:func:`_path`) into ``out4``, C-contiguous:
+    (B, H, Sq, Dv), or with ``heads_last`` (B, Sq, H, Dv) (the op's ``transpose_output``), each
+    output row written where it goes."""
     if out4.size == 0:
         return
     if kt4.shape[3] == 0:  # no keys: softmax over nothing, an empty sum of V's rows
@@ -265,13 +270,13 @@ def _run(q4, kt4, v4, m4, has_mask, scale, out4, path: str):
         skp, dvp = -(-sk // 8) * 8, -(-dv // 8) * 8
         scratch = np.empty(nb * nh * (d * skp + sk * dvp + 2 * sq * skp + 4 * dvp + sq),
                            np.float32)
-        pick(_attention_lanes)(q4, kt4, v4, m4, has_mask, scale, scratch, out4)
+        pick(_attention_lanes)(q4, kt4, v4, m4, has_mask, scale, scratch, out4, heads_last)
         return
     if path == "rows":
         nb, nh, sq, d = q4.shape
         sk, dv = kt4.shape[3], v4.shape[3]
         scratch = np.empty(nb * nh * (sq * d + d * sk + sk * dv + sk + dv), out4.dtype)
-        pick(_attention_rows)(q4, kt4, v4, m4, has_mask, scale, scratch, out4)
+        pick(_attention_rows)(q4, kt4, v4, m4, has_mask, scale, scratch, out4, heads_last)
         return
     scores = np.matmul(q4, kt4)
     if has_mask or scale != 1:
@@ -282,7 +287,7 @@ def _run(q4, kt4, v4, m4, has_mask, scale, out4, path: str):
     # sends it to its scalar version (8.0 against 4.3 us on 68 rows of 17)
     pick(rows_kernel(scores.dtype, sk, False))(scores.reshape(-1, sk), probs.reshape(-1, sk),
                                                 False)
-    np.matmul(probs, v4, out=out4)
+    np.matmul(probs, v4, out=out4.transpose(0, 2, 1, 3) if heads_last else out4)
 
 
 def _path(q_shape, kt_shape, v_shape, dtype) -> str:
@@ -309,21 +314,30 @@ def _covered(Q, Kt, V, mask) -> bool:
     return mask is None or all(m in (1, n) for m, n in zip(mask.shape[::-1], scores[::-1]))
 
 
-def fused_attention(Q, Kt, V, mask=None, *, scale=1.0, out=None):
+def fused_attention(Q, Kt, V, mask=None, *, scale=1.0, transpose_output=0, out=None):
     """softmax(Q @ Kt * scale + mask, last axis) @ V for float32/float64 Q, Kt, V of rank 2-4
-    with the same leading (batch, head) axes and a mask that broadcasts to the scores."""
-    if not _covered(Q, Kt, V, mask):
+    with the same leading (batch, head) axes and a mask that broadcasts to the scores; with
+    ``transpose_output`` (rank 4), written as (B, S, H, Dv)."""
+    if not _covered(Q, Kt, V, mask) or (transpose_output and Q.ndim != 4) or (
+            out is not None and not out.flags.carray):
         from onemodel.tensors.ops import OPS
 
-        return OPS["FusedAttention"].kernel(Q, Kt, V, mask, scale=scale, out=out)
+        return OPS["FusedAttention"].kernel(Q, Kt, V, mask, scale=scale,
+                                            transpose_output=transpose_output, out=out)
     sync_threads()
     dtype = Q.dtype
     y_shape = Q.shape[:-1] + V.shape[-1:]
-    y = np.empty(y_shape, dtype) if out is None else out
+    if transpose_output:
+        b, h, r, c = y_shape
+        y = np.empty((b, r, h, c), dtype) if out is None else out
+        out4 = y
+    else:
+        y = np.empty(y_shape, dtype) if out is None else out
+        out4 = y.reshape(_four_d(y_shape), copy=False)
     m4 = _NO_MASK[dtype] if mask is None else mask.reshape(_four_d(mask.shape))
     _run(Q.reshape(_four_d(Q.shape)), Kt.reshape(_four_d(Kt.shape)),
-         V.reshape(_four_d(V.shape)), m4, mask is not None, dtype.type(scale),
-         y.reshape(_four_d(y_shape), copy=False), _path(Q.shape, Kt.shape, V.shape, dtype))
+         V.reshape(_four_d(V.shape)), m4, mask is not None, dtype.type(scale), out4,
+         _path(Q.shape, Kt.shape, V.shape, dtype), bool(transpose_output))
     return y
 
 
@@ -341,11 +355,15 @@ def _fused_attention_at(site: CallSite):
         return None
     dtype = np.dtype(dtypes[0])
     y_shape = q_shape[:-1] + v_shape[-1:]
+    transposed = bool(site.attrs.get("transpose_output", 0))
+    if transposed and len(q_shape) != 4:
+        return None
     q4, kt4, v4, y4 = (_four_d(s) for s in (q_shape, kt_shape, v_shape, y_shape))
     m4 = _four_d(m_shape) if has_mask else None
     scale = dtype.type(site.attrs.get("scale", 1.0))
     path = _path(q_shape, kt_shape, v_shape, dtype)
     four_d = len(q_shape) == 4
+    out_shape = (y_shape[0], y_shape[2], y_shape[1], y_shape[3]) if transposed else y_shape
     no_mask = _NO_MASK[dtype]
     generic = site.generic
 
@@ -356,6 +374,14 @@ def _fused_attention_at(site: CallSite):
                                                             or mask.dtype != dtype)):
             return generic(Q, Kt, V, mask, out=out)
         sync_threads()
+        if transposed:  # (B, S, H, Dv): each output row written where it goes
+            if out is not None and (out.shape != out_shape or out.dtype != dtype or
+                                    not out.flags.carray):
+                return generic(Q, Kt, V, mask, out=out)
+            y = np.empty(out_shape, dtype) if out is None else out
+            _run(Q, Kt, V, mask.reshape(m4) if has_mask else no_mask, has_mask, scale, y, path,
+                 True)
+            return y
         y = np.empty(y_shape, dtype) if out is None else out
         if four_d:  # the usual case: no views to make
             _run(Q, Kt, V, mask.reshape(m4) if has_mask else no_mask, has_mask, scale, y, path)

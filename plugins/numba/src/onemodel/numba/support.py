@@ -139,11 +139,12 @@ def softmax(input, *, axis=-1):
     return all(d == 1 for d in input.shape[axis % input.ndim + 1:])
 
 
-def attention(Q, Kt, V, mask=None, *, scale=1.0):
-    """FusedAttention of float32/float64 Q, Kt, V of one rank (2 to 4) with the same leading
-    axes (no broadcasting between them) and a mask of the same dtype and at most rank 4."""
+def attention(Q, Kt, V, mask=None, *, scale=1.0, transpose_output=0):
+    """FusedAttention of float32/float64 Q, Kt, V of one rank (2 to 4; 4 with
+    ``transpose_output``) with the same leading axes (no broadcasting between them) and a mask
+    of the same dtype and at most rank 4."""
     if not _float(Q, Kt, V, mask) or not 2 <= Q.ndim <= 4 or Kt.ndim != Q.ndim or \
-            V.ndim != Q.ndim:
+            V.ndim != Q.ndim or (transpose_output and Q.ndim != 4):
         return False
     lead = Q.shape[:-2]
     return Kt.shape[:-2] == lead and V.shape[:-2] == lead and (mask is None or mask.ndim <= 4)

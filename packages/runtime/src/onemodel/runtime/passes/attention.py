@@ -16,7 +16,9 @@ class AttentionFusion(Pass):
                "Adds of masks, Softmax over the last axis and MatMul by V (attention as "
                "torch.onnx exports BERT, GPT-2, ViT, Whisper and LLaMA; T5's decoder adds its "
                "position bias, then its causal mask) with one FusedAttention node reading Q, "
-               "Kt, V and the mask (several masks added together first)")
+               "Kt, V and the mask (several masks added together first); a Transpose "
+               "(0, 2, 1, 3) after it, which gathers the heads back, becomes the node's "
+               "transpose_output")
 
     # Why: four to five kernel calls per head group on small models (about 2-5 us apiece)
     # and three passes over the scores; one kernel computes each query row's scores, softmax
@@ -47,14 +49,22 @@ class AttentionFusion(Pass):
                 continue
             mask, mask_adds = summed
             inputs = [qk.inputs[0], qk.inputs[1], pv.inputs[1]] + ([mask] if mask else [])
-            fused = Node("FusedAttention", inputs, list(pv.outputs), {"scale": scale},
+            # the Transpose that gathers the heads back ((B, H, S, D) -> (B, S, H, D)): the
+            # fused node writes that layout itself, so the Reshape after it is a view
+            after = uses.sole_consumer(pv.outputs[0])
+            gathered = after is not None and after.op == "Transpose" and \
+                list(after.attrs.get("perm", ())) == [0, 2, 1, 3] and \
+                len(getattr(specs.get(pv.outputs[0]), "shape", ())) == 4
+            attrs = {"scale": scale, **({"transpose_output": 1} if gathered else {})}
+            end = after if gathered else pv
+            fused = Node("FusedAttention", inputs, list(end.outputs), attrs,
                          soft.name or pv.name)
-            if not same_spec(fused, specs, [specs.get(pv.outputs[0])]):
+            if not same_spec(fused, specs, [specs.get(end.outputs[0])]):
                 continue
-            at = graph.nodes.index(pv)
+            at = graph.nodes.index(end)
             graph.nodes[at:at + 1] = [*mask_adds, fused]
-            uses.producer[pv.outputs[0]] = fused
-            for n in chain:
+            uses.producer[end.outputs[0]] = fused
+            for n in (*chain, *([pv] if gathered else [])):
                 graph.nodes.remove(n)
             done += 1
         return PassResult(done)

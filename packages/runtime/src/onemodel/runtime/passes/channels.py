@@ -26,7 +26,7 @@ class ChannelLayerNormFusion(Pass):
     # Why: the first Transpose is a view, so the normalization read its rows C values apart
     # and wrote channels-last rows that the Transpose back turned into a view again, which the
     # convolution after it copied. One channels-first node reads and writes whole planes: on
-    # the transformers ConvNeXt's 2x8x8x8, 3.2 us of steps became 1.3.
+    # the transformers ConvNeXt's 2x8x8x8, 3.7 us of steps (0.40 + 2.95 + 0.35) became 2.0.
     def run(self, graph: Graph) -> PassResult:
         uses = Uses(graph)
         specs = None

@@ -146,7 +146,7 @@ def fused_matmul(A, B, C=None, *, activation="", out=None):
 
 # attention ---------------------------------------------------------------------------------------
 
-def _fused_attention_shape(specs, *, scale=1.0):
+def _fused_attention_shape(specs, *, scale=1.0, transpose_output=0):
     q, kt, v = specs[0], specs[1], specs[2]
     mask = specs[3] if len(specs) > 3 else None
     if len(q.shape) < 2 or len(kt.shape) < 2 or len(v.shape) < 2:
@@ -157,21 +157,37 @@ def _fused_attention_shape(specs, *, scale=1.0):
     if mask is not None and broadcast_shapes(scores.shape, mask.shape) != tuple(scores.shape):
         raise ShapeError(f"FusedAttention: the mask {mask.shape} must broadcast to the scores "
                          f"{scores.shape}")
-    return _matmul_shape([scores, v])
+    out = _matmul_shape([scores, v])
+    if not transpose_output:
+        return out
+    if len(out.shape) != 4:
+        raise ShapeError(f"FusedAttention: transpose_output needs (batch, heads, rows, "
+                         f"columns) results, got {tuple(out.shape)}")
+    b, h, r, c = out.shape
+    return replace(out, shape=(b, r, h, c))
 
 
 @defop("FusedAttention", shape=_fused_attention_shape, domain="onemodel", writes_out=True)
-def fused_attention(Q, Kt, V, mask=None, *, scale=1.0, out=None):
+def fused_attention(Q, Kt, V, mask=None, *, scale=1.0, transpose_output=0, out=None):
     """softmax(Q @ Kt * scale + mask, last axis) @ V: attention as exported models write it
-    out (``Kt`` is the keys already transposed, as their MatMul reads them). This reference
-    runs the ops' own kernels in the graph's order, so it gives the unfused graph's result; a
-    kernel plugin computes it in one pass per query row."""
+    out (``Kt`` is the keys already transposed, as their MatMul reads them). With
+    ``transpose_output`` the (B, H, S, D) result comes as (B, S, H, D): the Transpose that
+    gathers the heads back, which a kernel then writes directly. This reference runs the ops'
+    own kernels in the graph's order, so it gives the unfused graph's result; a kernel plugin
+    computes it in one pass per query row."""
     scores = matmul.kernel(Q, Kt)
     if scale != 1.0:
         scores = scores * scores.dtype.type(scale)
     if mask is not None:
         scores = scores + mask
-    return matmul.kernel(OPS["Softmax"].kernel(scores, axis=-1), V, out=out)
+    probs = OPS["Softmax"].kernel(scores, axis=-1)
+    if not transpose_output:
+        return matmul.kernel(probs, V, out=out)
+    y = matmul.kernel(probs, V).transpose(0, 2, 1, 3)
+    if out is None:
+        return y
+    np.copyto(out, y)
+    return out
 
 
 # residual connection and layer normalization ----------------------------------------------------
