@@ -17,10 +17,12 @@ torch = pytest.importorskip("torch")
 
 
 def _graph(rank=4, channels=6, *, to_last=None, to_first=None, bias=True, axis=-1,
-           scale_input=False, stash_type=None, read_ln_twice=False, read_first_twice=False):
+           scale_input=False, stash_type=None, read_ln_twice=False, read_first_twice=False,
+           square=False):
     rng = np.random.default_rng(rank)
     b = GraphBuilder("channel-norm")
-    x = b.input("x", DType.F32, ("batch", channels, *[f"s{i}" for i in range(rank - 2)]))
+    spatial = [5] * (rank - 2) if square else [f"s{i}" for i in range(rank - 2)]
+    x = b.input("x", DType.F32, ("batch", channels, *spatial))
     to_last = to_last or [0, *range(2, rank), 1]
     to_first = to_first or [0, rank - 1, *range(1, rank - 1)]
     t = b.op("Transpose", x, perm=to_last)
@@ -83,7 +85,9 @@ def test_the_default_passes_take_it():
 
 @pytest.mark.parametrize("kwargs", [
     {"to_last": [0, 3, 2, 1]},                          # another permutation
+    {"to_last": [0, 3, 2, 1], "square": True},          # ... over square planes: same shape
     {"to_first": [0, 3, 2, 1]},                         # not the way back
+    {"to_first": [0, 3, 2, 1], "square": True},         # ... over square planes: same shape
     {"axis": 2},                                        # over the last two axes
     {"scale_input": True},                              # a scale given at run time
     {"stash_type": 0},                                  # statistics in the input's dtype
