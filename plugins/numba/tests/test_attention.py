@@ -180,3 +180,8 @@ def test_transposed_output_is_the_heads_gathered_back(dtype, seq, head):
     np.testing.assert_allclose(call(q, kt, v, mask), want, **_tol(dtype))
     # a three-axis call cannot gather heads: declined, and the op's shape rule says why
     assert not supports(q[0], kt[0], v[0], None, transpose_output=1)
+    # an out= in the untransposed layout is not written through without bounds checks: the
+    # reference refuses it
+    wrong = np.empty((2, 3, seq, head), dtype)
+    with pytest.raises(ValueError):
+        attention.fused_attention(q, kt, v, mask, scale=0.3, transpose_output=1, out=wrong)

@@ -1,4 +1,4 @@
-"""ChannelLayerNormalization's planned call (norm._layer_norm_planes over whole channel
+"""ChannelLayerNormalization's planned call (norm._layer_norm_channels over whole channel
 planes) against the reference op, and the calls outside its plan (another scale, a strided
 input or output, another shape) taking the generic call."""
 

@@ -712,7 +712,7 @@ def test_layer_norm_of_a_permuted_channels_first_view_matches_torch(dtype, nchw,
     outs = []
     for variant in (norm._layer_norm_channels.serial, norm._layer_norm_channels.parallel):
         out = np.full((flat[0], flat[2], c), np.nan, dtype)
-        variant(x.reshape(flat), scale, b if bias else scale, bias, 1e-5, out)
+        variant(x.reshape(flat), scale, b if bias else scale, bias, 1e-5, out, True)
         outs.append(out)
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_allclose(outs[0].reshape(y.shape), y, **tol)

@@ -318,22 +318,22 @@ def fused_attention(Q, Kt, V, mask=None, *, scale=1.0, transpose_output=0, out=N
     """softmax(Q @ Kt * scale + mask, last axis) @ V for float32/float64 Q, Kt, V of rank 2-4
     with the same leading (batch, head) axes and a mask that broadcasts to the scores; with
     ``transpose_output`` (rank 4), written as (B, S, H, Dv)."""
+    y_shape = Q.shape[:-1] + V.shape[-1:]
+    if transpose_output and Q.ndim == 4:
+        y_shape = (y_shape[0], y_shape[2], y_shape[1], y_shape[3])
+    # the kernels index without bounds checks: an out= of another shape, dtype or layout (or
+    # a transpose_output they cannot write) goes to the reference, which names the problem
     if not _covered(Q, Kt, V, mask) or (transpose_output and Q.ndim != 4) or (
-            out is not None and not out.flags.carray):
+            out is not None and (out.shape != y_shape or out.dtype != Q.dtype
+                                 or not out.flags.carray)):
         from onemodel.tensors.ops import OPS
 
         return OPS["FusedAttention"].kernel(Q, Kt, V, mask, scale=scale,
                                             transpose_output=transpose_output, out=out)
     sync_threads()
     dtype = Q.dtype
-    y_shape = Q.shape[:-1] + V.shape[-1:]
-    if transpose_output:
-        b, h, r, c = y_shape
-        y = np.empty((b, r, h, c), dtype) if out is None else out
-        out4 = y
-    else:
-        y = np.empty(y_shape, dtype) if out is None else out
-        out4 = y.reshape(_four_d(y_shape), copy=False)
+    y = np.empty(y_shape, dtype) if out is None else out
+    out4 = y if transpose_output else y.reshape(_four_d(y_shape), copy=False)
     m4 = _NO_MASK[dtype] if mask is None else mask.reshape(_four_d(mask.shape))
     _run(Q.reshape(_four_d(Q.shape)), Kt.reshape(_four_d(Kt.shape)),
          V.reshape(_four_d(V.shape)), m4, mask is not None, dtype.type(scale), out4,

@@ -70,21 +70,23 @@ def _layer_norm(x, scale, bias, has_bias, eps, rms, out, stats, mean_out, inv_ou
 
 
 @jit(parallel=True, fastmath={"reassoc"})
-def _layer_norm_channels(x, scale, bias, has_bias, eps, out):
+def _layer_norm_channels(x, scale, bias, has_bias, eps, out, channels_last):
     """LayerNormalization over the channels of channels-first data: ``x`` (N, C, P)
-    C-contiguous, ``out`` (N, P, C) C-contiguous, each of the N * P pixels' C values
-    normalized as a row. What a ConvNeXt block's LayerNorm over a permuted (N, H, W, C) view
-    of an (N, C, H, W) activation computes: the view's rows lie P apart, so the row kernel
-    first copied the whole view (2x16x16x96: 82 us a call, 46 here). Here the sums run along
-    the pixels (unit stride, in vector lanes; float64, as the row kernel's) for every
+    C-contiguous, each of the N * P pixels' C values normalized as a row, into ``out``
+    C-contiguous: (N, P, C) with ``channels_last``, else (N, C, P) (ChannelLayerNormalization).
+    The channels-last output is what a ConvNeXt block's LayerNorm over a permuted (N, H, W, C)
+    view of an (N, C, H, W) activation computes: the view's rows lie P apart, so the row
+    kernel first copied the whole view (2x16x16x96: 82 us a call, 46 here). The sums run
+    along the pixels (unit stride, in vector lanes; float64, as the row kernel's) for every
     channel, the mean first, then the squared deviations from it; the output is written a
-    channel at a time (a block of eight pixels made first, then written pixel by pixel,
-    measured slower: 63 us). ``x`` and ``out`` may come with their spatial axes unflattened
-    (N, C, H, W) and (N, H, W, C), viewed here: two reshapes in Python cost 0.4 us a call."""
+    channel at a time (channels-last: a block of eight pixels made first, then written pixel
+    by pixel, measured slower: 63 us; channels-first: whole planes, unit stride in and out).
+    ``x`` and ``out`` may come with their spatial axes unflattened, viewed here: two reshapes
+    in Python cost 0.4 us a call."""
     n_img, c_n = x.shape[0], x.shape[1]
     p_n = x.size // (n_img * c_n) if n_img * c_n else 0
     x = x.reshape((n_img, c_n, p_n))
-    out = out.reshape((n_img, p_n, c_n))
+    out = out.reshape((n_img, p_n, c_n)) if channels_last else out.reshape((n_img, c_n, p_n))
     sums = np.zeros((n_img, 2, p_n), np.float64)  # one allocation: each is 0.1-0.2 us
     for i in prange(n_img):
         mean = sums[i, 0]
@@ -103,40 +105,12 @@ def _layer_norm_channels(x, scale, bias, has_bias, eps, out):
         for c in range(c_n):
             sc = scale[c]
             bc = bias[c] if has_bias else 0.0
-            for p in range(p_n):
-                out[i, p, c] = (x[i, c, p] - mean[p]) * inv[p] * sc + bc
-
-
-@jit(parallel=True, fastmath={"reassoc"})
-def _layer_norm_planes(x, scale, bias, has_bias, eps, out):
-    """ChannelLayerNormalization: ``x`` and ``out`` (N, C, spatial...) C-contiguous, each
-    pixel's C values normalized. Every loop runs along a plane's pixels, unit stride in and
-    out (vector lanes): the sums (float64, as the row kernels') over the channels, the mean
-    first, then the squared deviations from it, then each channel's plane written whole."""
-    n_img, c_n = x.shape[0], x.shape[1]
-    p_n = x.size // (n_img * c_n) if n_img * c_n else 0
-    x = x.reshape((n_img, c_n, p_n))
-    out = out.reshape((n_img, c_n, p_n))
-    sums = np.zeros((n_img, 2, p_n), np.float64)  # one allocation: each is 0.1-0.2 us
-    for i in prange(n_img):
-        mean = sums[i, 0]
-        inv = sums[i, 1]
-        for c in range(c_n):
-            for p in range(p_n):
-                mean[p] += x[i, c, p]
-        for p in range(p_n):
-            mean[p] /= c_n
-        for c in range(c_n):
-            for p in range(p_n):
-                d = x[i, c, p] - mean[p]
-                inv[p] += d * d
-        for p in range(p_n):
-            inv[p] = 1.0 / math.sqrt(inv[p] / c_n + eps)
-        for c in range(c_n):
-            sc = scale[c]
-            bc = bias[c] if has_bias else 0.0
-            for p in range(p_n):
-                out[i, c, p] = (x[i, c, p] - mean[p]) * inv[p] * sc + bc
+            if channels_last:
+                for p in range(p_n):
+                    out[i, p, c] = (x[i, c, p] - mean[p]) * inv[p] * sc + bc
+            else:
+                for p in range(p_n):
+                    out[i, c, p] = (x[i, c, p] - mean[p]) * inv[p] * sc + bc
 
 
 @jit(parallel=True, fastmath={"reassoc"})
@@ -361,7 +335,7 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
 
 
 def channel_layer_normalization(X, Scale, B=None, *, epsilon=1e-5, out=None):
-    """ChannelLayerNormalization (see the reference op) by :func:`_layer_norm_planes`; ``out``:
+    """ChannelLayerNormalization (see the reference op) by :func:`_layer_norm_channels`; ``out``:
     the planned buffer (C-contiguous, X's shape and dtype)."""
     sync_threads()
     dtype = X.dtype
@@ -380,7 +354,8 @@ def channel_layer_normalization(X, Scale, B=None, *, epsilon=1e-5, out=None):
     if out is None:
         out = np.empty(X.shape, dtype)
     if X.size:
-        pick(_layer_norm_planes)(X, scale, bias, B is not None, float(epsilon), out)
+        pick(_layer_norm_channels)(X, scale, bias, B is not None, float(epsilon), out,
+                                    False)
     return out
 
 
@@ -584,7 +559,7 @@ def _layer_normalization_at(site: CallSite):
             if channels and not keep_stats:
                 xt = X.transpose(channels)  # (N, C, spatial...) when X is a permuted view
                 if xt.flags.c_contiguous:
-                    args = (xt, scale, bias, has_bias, eps, out)
+                    args = (xt, scale, bias, has_bias, eps, out, True)
                     if _jit._parallel or scale is not s_row or (has_bias and bias is not b_row):
                         (_layer_norm_channels if _jit._parallel else
                          _layer_norm_channels.serial)(*args)
@@ -637,11 +612,11 @@ def _channel_layer_normalization_at(site: CallSite):
         sync_threads()
         if out is None:
             out = np.empty(shape, dtype)
-        args = (X, s_row, b_row, has_bias, eps, out)
+        args = (X, s_row, b_row, has_bias, eps, out, False)
         if _jit._parallel:
-            _layer_norm_planes(*args)
+            _layer_norm_channels(*args)
         else:
-            (bound[0] or _jit.bind(bound, _layer_norm_planes.serial, args))(*args)
+            (bound[0] or _jit.bind(bound, _layer_norm_channels.serial, args))(*args)
         return out
     return channel_layer_normalization_at
 

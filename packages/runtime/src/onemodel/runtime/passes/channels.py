@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..graph import Graph, Node
 from .base import Pass, PassResult, Uses, same_spec
+from .rewrites import _replace
 
 
 def _to_last(rank: int) -> list[int]:
@@ -57,16 +58,6 @@ class ChannelLayerNormFusion(Pass):
                          ln.name or after.name)
             if not same_spec(fused, specs, [specs.get(after.outputs[0])]):
                 continue  # a Scale or B that is not one value per channel, another dtype
-            graph.nodes[graph.nodes.index(after)] = fused
-            for node in (before, ln):
-                graph.nodes.remove(node)
-            for node in (before, ln, after):
-                for i in node.inputs:
-                    if i and node in uses.readers.get(i, ()):
-                        uses.readers[i].remove(node)
-            for i in fused.inputs:
-                if i:
-                    uses.readers.setdefault(i, []).append(fused)
-            uses.producer[fused.outputs[0]] = fused
+            _replace(graph, uses, before, [ln, after], fused)
             done += 1
         return PassResult(done)
