@@ -57,24 +57,27 @@ def _close(got, want, pre=None):
     assert float(np.abs(got[finite] - want[finite]).max(initial=0.0)) <= TOL * scale
 
 
-def _run(kernel, x, w, b, act):
+def _run(kernel, x, w, b, act, wide=False):
     y = np.full((x.shape[0], w.shape[0]) + x.shape[2:], np.nan, np.float32)
     if kernel is pointwise.pixel_lanes:
         bias = b if b is not None else np.empty(0, np.float32)
-        kernel(x, np.ascontiguousarray(w).reshape(-1), bias, b is not None, act, y)
+        kernel(x, np.ascontiguousarray(w).reshape(-1), bias, b is not None, act, y, wide)
     else:
-        kernel(x, *pointwise.packed_weights(w, b), act, y)
+        kernel(x, *pointwise.packed_weights(w, b), act, y, wide)
     return y
 
 
 # (input, output channels): planes of 64, 16 and 8 pixels (tiles of three, two and one
 # vectors; with two images), 1, 4, 5 and 9 pixels (gathered for pixel lanes), 1-3 pixels in
-# all (channel lanes' remainders), output channels 1-3 past the fours, 8-24 past the 32s
+# all (channel lanes' remainders), output channels 1-3 past the fours, 8-24 past the 32s;
+# for sixteen lanes, planes of 24, 32, 48 and 80 pixels (a vector of eight after the
+# sixteens; two, three, then three and two vectors of sixteen)
 SHAPES = [
     ((2, 8, 8, 8), 48), ((2, 48, 8, 8), 8), ((1, 5, 4, 4), 7), ((3, 16, 2, 4), 12),
     ((2, 7, 16, 16), 13), ((2, 40, 1, 1), 240), ((2, 240, 1, 1), 40), ((1, 33, 1, 1), 70),
     ((3, 9, 1, 1), 100), ((2, 24, 2, 2), 144), ((2, 144, 2, 2), 24), ((1, 12, 1, 5), 33),
     ((2, 48, 3, 3), 192), ((1, 3, 3, 3), 5), ((4, 20, 7, 7), 36), ((1, 1, 1, 1), 1),
+    ((1, 9, 3, 8), 36), ((1, 6, 4, 8), 5), ((2, 10, 6, 8), 33), ((1, 4, 10, 8), 14),
 ]
 
 
@@ -82,22 +85,26 @@ SHAPES = [
                          ids=["pixel_lanes", "channel_lanes"])
 @pytest.mark.parametrize("xs, m", SHAPES, ids=[f"{xs}->{m}" for xs, m in SHAPES])
 @pytest.mark.parametrize("act", sorted(ACTIVATIONS))
-def test_kernels_match_a_float64_product(kernel, xs, m, act):
+@pytest.mark.parametrize("wide", [False, True], ids=["eight", "sixteen"])
+def test_kernels_match_a_float64_product(kernel, xs, m, act, wide):
+    """On eight lanes and on sixteen (AVX-512's; right on any x86 CPU, where LLVM splits
+    the vectors when the CPU's are narrower)."""
     x, w, b = conv_arrays(xs, (m, xs[1], 1, 1), np.float32, seed=m + act)
-    _close(_run(kernel, x, w, b, act), _expected(x, w, b, act), _expected(x, w, b, 0))
+    _close(_run(kernel, x, w, b, act, wide), _expected(x, w, b, act), _expected(x, w, b, 0))
     if act in (0, 1):  # without a bias: the sums start at zero
-        _close(_run(kernel, x, w, None, act), _expected(x, w, None, act))
+        _close(_run(kernel, x, w, None, act, wide), _expected(x, w, None, act))
 
 
 @pytest.mark.parametrize("kernel", [pointwise.pixel_lanes, pointwise.channel_lanes],
                          ids=["pixel_lanes", "channel_lanes"])
 @pytest.mark.parametrize("xs, m", [((2, 16, 8, 8), 12), ((2, 30, 1, 1), 64), ((2, 9, 2, 2), 40)])
-def test_nan_and_infinity_reach_the_outputs_they_touch(kernel, xs, m):
+@pytest.mark.parametrize("wide", [False, True], ids=["eight", "sixteen"])
+def test_nan_and_infinity_reach_the_outputs_they_touch(kernel, xs, m, wide):
     x, w, b = conv_arrays(xs, (m, xs[1], 1, 1), np.float32, seed=3)
     x[0, 1].flat[0] = np.nan
     x[-1, 2].flat[-1] = np.inf
     want = _expected(x, w, b, 0)
-    _close(_run(kernel, x, w, b, 0), want)
+    _close(_run(kernel, x, w, b, 0, wide), want)
     assert np.isnan(want).any()
 
 

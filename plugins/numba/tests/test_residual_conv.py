@@ -51,9 +51,11 @@ def _planned(x, w, b, z, act, **attrs):
 @pytest.mark.parametrize("kernel", [pointwise.pixel_lanes, pointwise.channel_lanes],
                          ids=["pixel_lanes", "channel_lanes"])
 @pytest.mark.parametrize("xs, m", [((2, 48, 8, 8), 8), ((1, 5, 4, 4), 7), ((2, 240, 1, 1), 40),
-                                   ((2, 144, 2, 2), 24), ((1, 12, 1, 5), 33)])
+                                   ((2, 144, 2, 2), 24), ((1, 12, 1, 5), 33),
+                                   ((2, 40, 6, 8), 36)])
 @pytest.mark.parametrize("act", [0, 1, 5, 6])
-def test_lanes_add_the_residual_before_the_activation(kernel, xs, m, act):
+@pytest.mark.parametrize("wide", [False, True], ids=["eight", "sixteen"])
+def test_lanes_add_the_residual_before_the_activation(kernel, xs, m, act, wide):
     x, w, b = conv_arrays(xs, (m, xs[1], 1, 1), np.float32, seed=m + act)
     y_shape = (xs[0], m) + xs[2:]
     z = np.random.default_rng(act).standard_normal(y_shape).astype(np.float32) * 4
@@ -61,9 +63,10 @@ def test_lanes_add_the_residual_before_the_activation(kernel, xs, m, act):
     z.flat[-1] = -np.inf
     y = np.full(y_shape, 7.0, np.float32)
     if kernel is pointwise.pixel_lanes:
-        pointwise.RESIDUAL[kernel](x, np.ascontiguousarray(w).reshape(-1), b, True, act, z, y)
+        pointwise.RESIDUAL[kernel](x, np.ascontiguousarray(w).reshape(-1), b, True, act, z, y,
+                                   wide)
     else:
-        pointwise.RESIDUAL[kernel](x, *pointwise.packed_weights(w, b), act, z, y)
+        pointwise.RESIDUAL[kernel](x, *pointwise.packed_weights(w, b), act, z, y, wide)
     names = {0: "", 1: "Relu", 5: "Relu6", 6: "Silu"}
     with np.errstate(invalid="ignore", over="ignore"):
         want = _reference(x, w, b, z, names[act])

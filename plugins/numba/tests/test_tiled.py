@@ -31,6 +31,16 @@ def one_thread(monkeypatch, no_small_convolutions, serial):
     monkeypatch.setattr(tiled, "POINTWISE_MIN_WEIGHTS", 0)
 
 
+@pytest.fixture(params=["eight", "sixteen"])
+def lanes(request, monkeypatch):
+    """Blocks of 32 channels on either kernel, whatever this CPU would choose: on eight lanes
+    (_tiles) or on sixteen (_tiles_wide, AVX-512's; right on any x86 CPU, where LLVM splits
+    its vectors when the CPU's are narrower)."""
+    wide = request.param == "sixteen"
+    monkeypatch.setattr(tiled, "host_has_avx512", lambda: wide)
+    return tiled._tiles_wide if wide else tiled._tiles
+
+
 def _prepared(xs, ws, attrs):
     x4, w4 = (xs, ws) if len(xs) == 4 else ((xs[0], xs[1], 1, xs[2]), (ws[0], ws[1], 1, ws[2]))
     two = (lambda v: v) if len(xs) == 4 else (lambda v: None if v is None else (1, *v))
@@ -73,20 +83,23 @@ CASES = [  # (X shape, W shape, attrs): output pixels n*oh*ow noted where they e
 ]
 
 
-def test_blocks_are_the_widest_that_waste_at_most_a_quarter():
+def test_blocks_are_the_widest_that_waste_at_most_a_quarter(lanes):
     widths = {m: tiled.block(m) for m in (8, 12, 14, 16, 20, 24, 32, 40, 48)}
     assert widths == {8: 8, 12: 16, 14: 16, 16: 16, 20: 8, 24: 32, 32: 32, 40: None, 48: 32}
-    kernels = {8: tiled._tiles8, 16: tiled._tiles16, 32: tiled._tiles}
+    kernels = {8: tiled._tiles8, 16: tiled._tiles16, 32: lanes}
     for m in (8, 16, 24):
         xs, ws = (1, 3, 9, 9), (m, 3, 3, 3)
         assert _prepared(xs, ws, {}).kernel is kernels[tiled.block(m)]
 
 
 @pytest.mark.parametrize("xs, ws, attrs", CASES)
-def test_tiles_match_the_reference(xs, ws, attrs):
+def test_tiles_match_the_reference(xs, ws, attrs, lanes):
     x, w, b = conv_arrays(xs, ws, np.float32, seed=3)
     w = file_constant(w)
-    assert isinstance(_prepared(xs, ws, attrs), tiled.Tiled)
+    prepared = _prepared(xs, ws, attrs)
+    assert isinstance(prepared, tiled.Tiled)
+    if tiled.block(ws[0]) == tiled.BLOCK:
+        assert prepared.kernel is lanes
     scale = max(float(np.abs(OPS["Conv"].kernel(x, w, b, **attrs)).max()), 1.0)
     for act, bias in zip(ACTIVATIONS, (b, None, b, None, b, None, b)):
         kernel, site, inputs = fused_site(x, w, bias, attrs, act)
@@ -96,7 +109,7 @@ def test_tiles_match_the_reference(xs, ws, attrs):
         assert_call_agrees(call, inputs, want, TOL, scale, act)
 
 
-def test_tiles_match_pytorch():
+def test_tiles_match_pytorch(lanes):
     """An independent oracle: PyTorch's conv2d in float64 over a dilated, strided case."""
     torch = pytest.importorskip("torch")
     xs, ws = (2, 9, 17, 13), (64, 9, 3, 3)
@@ -174,6 +187,23 @@ def test_taken_only_where_it_measured_faster(monkeypatch):
     assert conv._prepared_weights(plan, xs, file_constant(w.astype(np.float64))) is None
     monkeypatch.setattr(_jit, "_parallel", True)
     assert conv._prepared_weights(plan, xs, file_constant(w)) is None
+
+
+def test_sixteen_lanes_take_winograds_narrow_outputs(monkeypatch):
+    """With sixteen lanes, a convolution of at most 32 outputs that Winograd would take goes
+    by the tiles (WIDE_OVER_WINOGRAD_MAX_OUTPUTS); with 64 Winograd keeps it, and on eight
+    lanes Winograd keeps both."""
+    monkeypatch.setattr(tiled, "MIN_TAPS", RULE_MIN_TAPS)
+
+    def prepared(m, wide):
+        monkeypatch.setattr(tiled, "host_has_avx512", lambda: wide)
+        xs, ws = (2, 128, 8, 8), (m, 128, 3, 3)
+        plan = conv._plan(xs, ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
+        _, w, _ = conv_arrays(xs, ws, np.float32, seed=5)
+        return conv._prepared_weights(plan, xs, file_constant(w))
+    assert isinstance(prepared(32, True), tiled.Tiled)
+    assert isinstance(prepared(64, True), conv._Winograd)
+    assert isinstance(prepared(32, False), conv._Winograd)
 
 
 def test_weights_changed_in_place_are_seen(monkeypatch):

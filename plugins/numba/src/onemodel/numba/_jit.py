@@ -44,17 +44,22 @@ from onemodel.tensors import threads  # noqa: E402
 
 # LLVM tuning features (not instruction sets): the machine code stays valid for the host
 PREFER_NO_GATHERS = ("+prefer-no-gather", "+prefer-no-scatter")
+# LLVM prefers 256-bit vectors on Intel's AVX-512 CPUs (a clock-speed concern of their first
+# generations), and then splits the sixteen-lane kernels' vectors (_simd.F32x16) into halves
+WHOLE_512_BIT = "-prefer-256-bit"
 
 
 def _prefer_no_gathers() -> bool:
     """Add :data:`PREFER_NO_GATHERS` to the CPU features numba generates code for, on x86, when
     numba generates no code in this process yet and the user chose neither features nor a CPU
-    (``NUMBA_CPU_FEATURES``, ``NUMBA_CPU_NAME``: setting either opts out). Why: on AMD's Zen 4
-    LLVM vectorized a MaxPool's taps over 16 output columns with ``vgatherqps`` and
-    ``vscatterdps`` (47.9 us; 14.0 us without, 12.4 us on 15 columns, which it left scalar);
-    LLVM sets these features itself for the Intel CPUs whose gathers are slow. The features
-    are part of numba's cache key, so machine code cached without them is not reused. Returns
-    whether they were added."""
+    (``NUMBA_CPU_FEATURES``, ``NUMBA_CPU_NAME``: setting either opts out), and on a CPU with
+    AVX-512 :data:`WHOLE_512_BIT` too. Why: on AMD's Zen 4 LLVM vectorized a MaxPool's taps
+    over 16 output columns with ``vgatherqps`` and ``vscatterdps`` (47.9 us; 14.0 us without,
+    12.4 us on 15 columns, which it left scalar); LLVM sets these features itself for the
+    Intel CPUs whose gathers are slow. On Intel's Emerald Rapids, whose FMA units take 512-bit
+    vectors, the register-tile kernels on sixteen lanes ran ... (docs/benchmarks.md,
+    "Twenty-fifth round"). The features are part of numba's cache key, so machine code cached
+    without them is not reused. Returns whether they were added."""
     from numba.core import codegen, config
     from numba.core.registry import cpu_target
 
@@ -66,11 +71,17 @@ def _prefer_no_gathers() -> bool:
     features = codegen.get_host_cpu_features()
     if not features:
         return False
-    config.CPU_FEATURES = ",".join((features, *PREFER_NO_GATHERS))
+    added = PREFER_NO_GATHERS
+    if "+avx512f" in features.split(","):
+        added += (WHOLE_512_BIT,)
+    config.CPU_FEATURES = ",".join((features, *added))
     return True
 
 
 PREFERS_NO_GATHERS = _prefer_no_gathers()  # before this package's first numba function
+# whether 512-bit vectors stay whole in the code numba generates (the sixteen-lane kernels are
+# chosen only then: _simd.host_has_avx512)
+WIDE_VECTORS = WHOLE_512_BIT in (numba.config.CPU_FEATURES or "").split(",")
 
 from . import _cache  # noqa: E402
 

@@ -14,6 +14,10 @@ intrinsic; the type has no Python value and never leaves a compiled function.
 - ``fma8(a, b, c)``: ``a * b + c`` lane by lane, rounded once (``llvm.fma``).
 - ``transpose8x8(src, s0, sstride, dst, d0, dstride)``: eight runs of eight read, transposed
   in registers, written as eight runs.
+
+``F32x16`` with ``load16``, ``store16``, ``splat16`` and ``fma16`` is the same for sixteen
+lanes (one AVX-512 register), for kernels chosen only where :func:`host_has_avx512` says the
+CPU has them and numba's code generation keeps them whole (``_jit.WIDE_VECTORS``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,20 @@ def host_has_fma() -> bool:
     return bool(features.get("avx2")) and bool(features.get("fma"))
 
 
+@functools.lru_cache(maxsize=1)
+def host_has_avx512() -> bool:
+    """Whether this CPU has AVX-512 (F and VL) and FMA, and numba generates code that keeps
+    512-bit vectors whole (``_jit.WIDE_VECTORS``): the sixteen-lane kernels are chosen only
+    then. Without the latter, LLVM splits each ``fma16`` into two 256-bit halves."""
+    from llvmlite import binding
+
+    from . import _jit
+
+    features = binding.get_host_cpu_features()
+    return host_has_fma() and bool(features.get("avx512f")) and \
+        bool(features.get("avx512vl")) and _jit.WIDE_VECTORS
+
+
 class F32x8(types.Type):
     """The numba type of eight float32 lanes (LLVM ``<8 x float>``)."""
 
@@ -56,15 +74,32 @@ class _F32x8Model(models.PrimitiveModel):
         super().__init__(dmm, fe_type, _VEC)
 
 
+class F32x16(types.Type):
+    """The numba type of sixteen float32 lanes (LLVM ``<16 x float>``)."""
+
+    def __init__(self):
+        super().__init__(name="F32x16")
+
+
+f32x16 = F32x16()
+_VEC16 = ir.VectorType(ir.FloatType(), 16)
+
+
+@register_model(F32x16)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VEC16)
+
+
 def _float32_array(arr) -> bool:
     """A 1-D C-contiguous float32 array: its elements are one run from its data pointer."""
     return isinstance(arr, types.Array) and arr.dtype == types.float32 and arr.ndim == 1 and \
         arr.layout == "C"
 
 
-def _address(context, builder, aryty, ary, index):
+def _address(context, builder, aryty, ary, index, vec=_VEC):
     data = context.make_array(aryty)(context, builder, ary).data
-    return builder.bitcast(builder.gep(data, [index]), _VEC.as_pointer())
+    return builder.bitcast(builder.gep(data, [index]), vec.as_pointer())
 
 
 @intrinsic
@@ -132,6 +167,59 @@ def max8(typingctx, a, v):
         take = builder.or_(builder.fcmp_ordered(">", v_, a_), builder.fcmp_unordered("uno", v_, v_))
         return builder.select(take, v_, a_)
     return f32x8(f32x8, f32x8), codegen
+
+
+@intrinsic
+def load16(typingctx, arr, index):
+    """``arr[index:index + 16]`` as one vector (unaligned load)."""
+    if not _float32_array(arr) or not isinstance(index, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_address(context, builder, sig.args[0], args[0], args[1], _VEC16),
+                            align=4)
+    return f32x16(arr, index), codegen
+
+
+@intrinsic
+def store16(typingctx, arr, index, vec):
+    """``arr[index:index + 16] = vec`` (unaligned store)."""
+    if not _float32_array(arr) or not isinstance(index, types.Integer) or vec != f32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _address(context, builder, sig.args[0], args[0], args[1],
+                                        _VEC16), align=4)
+        return context.get_dummy_value()
+    return types.void(arr, index, vec), codegen
+
+
+@intrinsic
+def splat16(typingctx, x):
+    """Sixteen copies of the float32 ``x``."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        one = builder.insert_element(ir.Constant(_VEC16, ir.Undefined), args[0],
+                                     ir.Constant(i32, 0))
+        return builder.shuffle_vector(one, ir.Constant(_VEC16, ir.Undefined),
+                                      ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+    return f32x16(types.float32), codegen
+
+
+@intrinsic
+def fma16(typingctx, a, b, c):
+    """``a * b + c`` in each of sixteen lanes, rounded once."""
+    if not (a == b == c == f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_VEC16, [_VEC16, _VEC16, _VEC16])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v16f32")
+        return builder.call(fn, list(args))
+    return f32x16(f32x16, f32x16, f32x16), codegen
 
 
 def _shuffled(builder, a, b, lanes):

@@ -1866,7 +1866,9 @@ def _prepared_weights(plan, xshape, w):
         from . import tiled, winograd
 
         group = xshape[1] // w.shape[1]
-        if path in (_BY_IMAGE, _ONE_GEMM) and winograd.fits(plan, xshape, w.shape, group):
+        if path in (_BY_IMAGE, _ONE_GEMM) and winograd.fits(plan, xshape, w.shape, group) \
+                and not (w.dtype == np.float32 and tiled.beats_winograd(plan, xshape, w.shape,
+                                                                        group)):
             return _Winograd(winograd.weights(w), winograd.run)
         if w.dtype == np.float32 and tiled.fits(plan, xshape, w.shape, group):
             return tiled.Tiled(w, plan, xshape)
@@ -2207,9 +2209,10 @@ def _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias, a
         args = (*pointwise.packed_weights(w_ready, bias), act)
     else:
         args = (w_ready.reshape(-1), bias if has_bias else _NO_BIAS[dtype], has_bias, act)
+    wide = (pointwise.wide(),)  # sixteen lanes (AVX-512) or eight, after the output
     bound = [None]  # the kernel's machine code for these types (_jit.entry), from the first call
     if residual is not None:
-        return _pointwise_residual_site(pointwise.RESIDUAL[kernel], args, xshape, yshape,
+        return _pointwise_residual_site(pointwise.RESIDUAL[kernel], args, wide, xshape, yshape,
                                         w_const, b_const, has_bias, residual)
 
     def pointwise_at(X, W, B=None, out=None):
@@ -2220,12 +2223,12 @@ def _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias, a
         if not X.flags.c_contiguous:
             X = np.ascontiguousarray(X)
         y = np.empty(yshape, dtype) if out is None else out
-        (bound[0] or _jit.bind(bound, kernel, (X, *args, y)))(X, *args, y)
+        (bound[0] or _jit.bind(bound, kernel, (X, *args, y, *wide)))(X, *args, y, *wide)
         return y
     return pointwise_at
 
 
-def _pointwise_residual_site(kernel, args, xshape, yshape, w_const, b_const, has_bias,
+def _pointwise_residual_site(kernel, args, wide, xshape, yshape, w_const, b_const, has_bias,
                              generic):
     """:func:`_pointwise_site`'s call for a residual FusedConv(X, W, B, Z): ``kernel`` adds
     Z (C-contiguous float32 of the output's shape, else the generic call) before the
@@ -2242,7 +2245,7 @@ def _pointwise_residual_site(kernel, args, xshape, yshape, w_const, b_const, has
         if not X.flags.c_contiguous:
             X = np.ascontiguousarray(X)
         y = np.empty(yshape, dtype) if out is None else out
-        (bound[0] or _jit.bind(bound, kernel, (X, *args, Z, y)))(X, *args, Z, y)
+        (bound[0] or _jit.bind(bound, kernel, (X, *args, Z, y, *wide)))(X, *args, Z, y, *wide)
         return y
     pointwise_residual_at.adds_residual = True
     return pointwise_residual_at

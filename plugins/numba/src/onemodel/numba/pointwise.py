@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import jit
-from ._simd import fma8, host_has_fma, load8, splat8, store8
+from ._simd import fma8, fma16, host_has_avx512, host_has_fma, load8, load16, splat8, splat16, store8, store16
 
 # the kernels compile conv._activate_in_place into their own machine code; numba would keep
 # that code cached after a change to conv.py alone, so the package's cache is dropped
@@ -42,6 +42,12 @@ PACK_MIN_OUTPUTS = 32  # output channels from which a tile's inputs are copied i
 # rows read in place 4 KiB apart share L1 sets (2x8x32x32 -> 24: 1.2x BLAS, 2x32x32x32 -> 16:
 # 1.9x); packed, 0.50-0.68x over 32x32 planes, 0.83-1.01x over 28x28 to 112x112 at 1x3x224x224
 PIXEL_LANES_MAX_PLANE = 1024
+
+
+def wide() -> bool:
+    """Whether the kernels take sixteen lanes (``wide=True``): where the CPU has AVX-512 and
+    numba keeps its vectors whole (:func:`._simd.host_has_avx512`)."""
+    return host_has_avx512()
 
 
 def fits(plan, xshape, wshape, group) -> bool:
@@ -253,34 +259,176 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
 
 
 @jit()
-def pixel_lanes(x, wf, bias, has_bias, act, y):
+def _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, o0, ostride,
+                      panel):
+    """:func:`_rows_by_pixels` on sixteen-lane vectors (AVX-512): ``vecs`` vectors of sixteen
+    pixels, four output channels by three vectors per tile (48 pixels), two or one at the
+    row's end, one channel at a time past the last four; the inputs packed into a panel from
+    PACK_MIN_OUTPUTS output channels, as there."""
+    zero = np.float32(0.0)
+    v = 0
+    while v < vecs:
+        nv = 3 if v + 3 <= vecs else (2 if v + 2 <= vecs else 1)
+        q = 16 * v
+        src, base, stride = xf, x0 + q, xstride
+        if m_out >= PACK_MIN_OUTPUTS:
+            for c in range(c_in):
+                at = x0 + q + c * xstride
+                for t in range(16 * nv):
+                    panel[U(c * 48 + t)] = xf[U(at + t)]
+            src, base, stride = panel, 0, 48
+        m = 0
+        while m < m_out:
+            four = m + 4 <= m_out
+            b0 = splat16(bias[m] if has_bias else zero)
+            b1, b2, b3 = b0, b0, b0
+            if four:
+                b1 = splat16(bias[m + 1] if has_bias else zero)
+                b2 = splat16(bias[m + 2] if has_bias else zero)
+                b3 = splat16(bias[m + 3] if has_bias else zero)
+            w0, w1, w2, w3 = m * c_in, (m + 1) * c_in, (m + 2) * c_in, (m + 3) * c_in
+            ob = o0 + m * ostride + q
+            if four and nv == 3:
+                a00, a01, a02 = b0, b0, b0
+                a10, a11, a12 = b1, b1, b1
+                a20, a21, a22 = b2, b2, b2
+                a30, a31, a32 = b3, b3, b3
+                for c in range(c_in):
+                    xc = base + c * stride
+                    x0v = load16(src, U(xc))
+                    x1v = load16(src, U(xc + 16))
+                    x2v = load16(src, U(xc + 32))
+                    s = splat16(wf[U(w0 + c)])
+                    a00 = fma16(s, x0v, a00)
+                    a01 = fma16(s, x1v, a01)
+                    a02 = fma16(s, x2v, a02)
+                    s = splat16(wf[U(w1 + c)])
+                    a10 = fma16(s, x0v, a10)
+                    a11 = fma16(s, x1v, a11)
+                    a12 = fma16(s, x2v, a12)
+                    s = splat16(wf[U(w2 + c)])
+                    a20 = fma16(s, x0v, a20)
+                    a21 = fma16(s, x1v, a21)
+                    a22 = fma16(s, x2v, a22)
+                    s = splat16(wf[U(w3 + c)])
+                    a30 = fma16(s, x0v, a30)
+                    a31 = fma16(s, x1v, a31)
+                    a32 = fma16(s, x2v, a32)
+                store16(of, U(ob), a00)
+                store16(of, U(ob + 16), a01)
+                store16(of, U(ob + 32), a02)
+                ob += ostride
+                store16(of, U(ob), a10)
+                store16(of, U(ob + 16), a11)
+                store16(of, U(ob + 32), a12)
+                ob += ostride
+                store16(of, U(ob), a20)
+                store16(of, U(ob + 16), a21)
+                store16(of, U(ob + 32), a22)
+                ob += ostride
+                store16(of, U(ob), a30)
+                store16(of, U(ob + 16), a31)
+                store16(of, U(ob + 32), a32)
+            elif four and nv == 2:  # the row's last two vectors
+                a00, a01 = b0, b0
+                a10, a11 = b1, b1
+                a20, a21 = b2, b2
+                a30, a31 = b3, b3
+                for c in range(c_in):
+                    xc = base + c * stride
+                    x0v = load16(src, U(xc))
+                    x1v = load16(src, U(xc + 16))
+                    s = splat16(wf[U(w0 + c)])
+                    a00 = fma16(s, x0v, a00)
+                    a01 = fma16(s, x1v, a01)
+                    s = splat16(wf[U(w1 + c)])
+                    a10 = fma16(s, x0v, a10)
+                    a11 = fma16(s, x1v, a11)
+                    s = splat16(wf[U(w2 + c)])
+                    a20 = fma16(s, x0v, a20)
+                    a21 = fma16(s, x1v, a21)
+                    s = splat16(wf[U(w3 + c)])
+                    a30 = fma16(s, x0v, a30)
+                    a31 = fma16(s, x1v, a31)
+                store16(of, U(ob), a00)
+                store16(of, U(ob + 16), a01)
+                ob += ostride
+                store16(of, U(ob), a10)
+                store16(of, U(ob + 16), a11)
+                ob += ostride
+                store16(of, U(ob), a20)
+                store16(of, U(ob + 16), a21)
+                ob += ostride
+                store16(of, U(ob), a30)
+                store16(of, U(ob + 16), a31)
+            elif four:  # the row's last vector
+                a00, a10, a20, a30 = b0, b1, b2, b3
+                for c in range(c_in):
+                    x0v = load16(src, U(base + c * stride))
+                    a00 = fma16(splat16(wf[U(w0 + c)]), x0v, a00)
+                    a10 = fma16(splat16(wf[U(w1 + c)]), x0v, a10)
+                    a20 = fma16(splat16(wf[U(w2 + c)]), x0v, a20)
+                    a30 = fma16(splat16(wf[U(w3 + c)]), x0v, a30)
+                store16(of, U(ob), a00)
+                store16(of, U(ob + ostride), a10)
+                store16(of, U(ob + 2 * ostride), a20)
+                store16(of, U(ob + 3 * ostride), a30)
+            else:  # one of the last (m_out % 4) channels, a vector at a time
+                for t in range(nv):
+                    a00 = b0
+                    for c in range(c_in):
+                        a00 = fma16(splat16(wf[U(w0 + c)]),
+                                    load16(src, U(base + 16 * t + c * stride)), a00)
+                    store16(of, U(ob + 16 * t), a00)
+            m += 4 if four else 1
+        v += nv
+
+
+@jit()
+def _rows(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, pixels, of, o0, ostride, panel,
+          wide):
+    """The rows of ``pixels`` (a multiple of eight) output pixels: by :func:`_rows_by_pixels16`
+    while sixteen are left when ``wide``, the rest by :func:`_rows_by_pixels`."""
+    done = 0
+    if wide and pixels >= 16:
+        _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, pixels // 16, of,
+                          o0, ostride, panel)
+        done = pixels // 16 * 16
+    if done < pixels:
+        _rows_by_pixels(xf, x0 + done, xstride, wf, bias, has_bias, c_in, m_out,
+                        (pixels - done) // 8, of, o0 + done, ostride, panel)
+
+
+@jit()
+def pixel_lanes(x, wf, bias, has_bias, act, y, wide=False):
     """y = act(conv1x1(x) + bias) for C-contiguous float32 NCHW ``x`` and ``y``, ``wf`` the
-    weights flat (M * C): eight pixels in a vector (module docstring)."""
-    _pixel_products(x, wf, bias, has_bias, y)
+    weights flat (M * C): eight pixels in a vector (module docstring), sixteen where ``wide``
+    (:data:`WIDE`: AVX-512)."""
+    _pixel_products(x, wf, bias, has_bias, y, wide)
     _activate_in_place(y.reshape(y.size), 0, y.size, act, np.float32(0.0))
 
 
 @jit()
-def pixel_lanes_residual(x, wf, bias, has_bias, act, z, y):
+def pixel_lanes_residual(x, wf, bias, has_bias, act, z, y, wide=False):
     """:func:`pixel_lanes` with ``z`` (C-contiguous, of y's shape) added before the
     activation: a residual FusedConv, whose Add was a step of its own."""
-    _pixel_products(x, wf, bias, has_bias, y)
+    _pixel_products(x, wf, bias, has_bias, y, wide)
     _residual_in_place(y.reshape(y.size), z.reshape(z.size), act, np.float32(0.0))
 
 
 @jit()
-def _pixel_products(x, wf, bias, has_bias, y):
+def _pixel_products(x, wf, bias, has_bias, y, wide):
     """y = conv1x1(x) + bias: :func:`pixel_lanes` before its activation."""
     n_img, c_in = x.shape[0], x.shape[1]
     m_out = y.shape[1]
     plane = y.size // (n_img * m_out)
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
-    panel = np.empty(c_in * 24, np.float32)
+    panel = np.empty(c_in * 48, np.float32)
     if plane % 8 == 0:  # each image's rows as they lie
         for img in range(n_img):
-            _rows_by_pixels(xf, img * c_in * plane, plane, wf, bias, has_bias, c_in, m_out,
-                            plane // 8, yf, img * m_out * plane, plane, panel)
+            _rows(xf, img * c_in * plane, plane, wf, bias, has_bias, c_in, m_out, plane, yf,
+                  img * m_out * plane, plane, panel, wide)
     else:  # the pixels of all the images gathered into rows padded to eight, then scattered
         width = -(-(n_img * plane) // 8) * 8
         xt = np.zeros(c_in * width, np.float32)
@@ -291,8 +439,7 @@ def _pixel_products(x, wf, bias, has_bias, y):
                 for p in range(plane):
                     xt[U(dst + p)] = xf[U(src + p)]
         res = np.empty(m_out * width, np.float32)
-        _rows_by_pixels(xt, 0, width, wf, bias, has_bias, c_in, m_out, width // 8, res, 0,
-                        width, panel)
+        _rows(xt, 0, width, wf, bias, has_bias, c_in, m_out, width, res, 0, width, panel, wide)
         for img in range(n_img):
             for m in range(m_out):
                 src = m * width + img * plane
@@ -302,21 +449,23 @@ def _pixel_products(x, wf, bias, has_bias, y):
 
 
 @jit()
-def channel_lanes(x, wp, bp, act, y):
+def channel_lanes(x, wp, bp, act, y, wide=False):
     """y = act(conv1x1(x) + bias) for C-contiguous float32 NCHW ``x`` and ``y``, with the
     weights and bias of :func:`packed_weights`: eight output channels in a vector, three
     pixels (of the images' flat pixel order) per tile; the last tile repeats its last pixel
     and stores only the pixels there are. Blocks of channels outside, pixels inside: each
-    weight is read from memory once, however many pixels there are."""
-    _channel_products(x, wp, bp, y)
+    weight is read from memory once, however many pixels there are. Where ``wide``
+    (:func:`wide`: AVX-512), two blocks of 32 at a time on sixteen lanes
+    (:func:`_two_blocks16`)."""
+    _channel_products(x, wp, bp, y, wide)
     _activate_in_place(y.reshape(y.size), 0, y.size, act, np.float32(0.0))
 
 
 @jit()
-def channel_lanes_residual(x, wp, bp, act, z, y):
+def channel_lanes_residual(x, wp, bp, act, z, y, wide=False):
     """:func:`channel_lanes` with ``z`` (C-contiguous, of y's shape) added before the
     activation (see :func:`pixel_lanes_residual`)."""
-    _channel_products(x, wp, bp, y)
+    _channel_products(x, wp, bp, y, wide)
     _residual_in_place(y.reshape(y.size), z.reshape(z.size), act, np.float32(0.0))
 
 
@@ -325,7 +474,107 @@ RESIDUAL = {pixel_lanes: pixel_lanes_residual, channel_lanes: channel_lanes_resi
 
 
 @jit()
-def _channel_products(x, wp, bp, y):
+def _two_blocks16(xf, wp, bp, c_in, plane, npix, mpad, mb, res):
+    """Output channels mb..mb + 64 (two of :func:`packed_weights`' blocks of 32, each read as
+    it lies) of every pixel into ``res`` (pixel, channel): four sixteen-lane vectors by three
+    pixels per tile, twelve sums in registers as on eight lanes; two, then one pixel at the
+    end."""
+    wa, wb = mb * c_in, (mb + 32) * c_in
+    j = 0
+    while j < npix:
+        left = npix - j
+        p0 = (j // plane) * c_in * plane + j % plane
+        j1, j2 = min(j + 1, npix - 1), min(j + 2, npix - 1)
+        p1 = (j1 // plane) * c_in * plane + j1 % plane
+        p2 = (j2 // plane) * c_in * plane + j2 % plane
+        r0 = j * mpad + mb
+        a00 = load16(bp, U(mb))
+        a01 = load16(bp, U(mb + 16))
+        a02 = load16(bp, U(mb + 32))
+        a03 = load16(bp, U(mb + 48))
+        if left >= 3:
+            a10, a11, a12, a13 = a00, a01, a02, a03
+            a20, a21, a22, a23 = a00, a01, a02, a03
+            for c in range(c_in):
+                w0 = load16(wp, U(wa + c * 32))
+                w1 = load16(wp, U(wa + c * 32 + 16))
+                w2 = load16(wp, U(wb + c * 32))
+                w3 = load16(wp, U(wb + c * 32 + 16))
+                xo = c * plane
+                s = splat16(xf[U(p0 + xo)])
+                a00 = fma16(s, w0, a00)
+                a01 = fma16(s, w1, a01)
+                a02 = fma16(s, w2, a02)
+                a03 = fma16(s, w3, a03)
+                s = splat16(xf[U(p1 + xo)])
+                a10 = fma16(s, w0, a10)
+                a11 = fma16(s, w1, a11)
+                a12 = fma16(s, w2, a12)
+                a13 = fma16(s, w3, a13)
+                s = splat16(xf[U(p2 + xo)])
+                a20 = fma16(s, w0, a20)
+                a21 = fma16(s, w1, a21)
+                a22 = fma16(s, w2, a22)
+                a23 = fma16(s, w3, a23)
+            store16(res, U(r0), a00)
+            store16(res, U(r0 + 16), a01)
+            store16(res, U(r0 + 32), a02)
+            store16(res, U(r0 + 48), a03)
+            r0 += mpad
+            store16(res, U(r0), a10)
+            store16(res, U(r0 + 16), a11)
+            store16(res, U(r0 + 32), a12)
+            store16(res, U(r0 + 48), a13)
+            r0 += mpad
+            store16(res, U(r0), a20)
+            store16(res, U(r0 + 16), a21)
+            store16(res, U(r0 + 32), a22)
+            store16(res, U(r0 + 48), a23)
+            j += 3
+        elif left == 2:
+            a10, a11, a12, a13 = a00, a01, a02, a03
+            for c in range(c_in):
+                w0 = load16(wp, U(wa + c * 32))
+                w1 = load16(wp, U(wa + c * 32 + 16))
+                w2 = load16(wp, U(wb + c * 32))
+                w3 = load16(wp, U(wb + c * 32 + 16))
+                xo = c * plane
+                s = splat16(xf[U(p0 + xo)])
+                a00 = fma16(s, w0, a00)
+                a01 = fma16(s, w1, a01)
+                a02 = fma16(s, w2, a02)
+                a03 = fma16(s, w3, a03)
+                s = splat16(xf[U(p1 + xo)])
+                a10 = fma16(s, w0, a10)
+                a11 = fma16(s, w1, a11)
+                a12 = fma16(s, w2, a12)
+                a13 = fma16(s, w3, a13)
+            store16(res, U(r0), a00)
+            store16(res, U(r0 + 16), a01)
+            store16(res, U(r0 + 32), a02)
+            store16(res, U(r0 + 48), a03)
+            r0 += mpad
+            store16(res, U(r0), a10)
+            store16(res, U(r0 + 16), a11)
+            store16(res, U(r0 + 32), a12)
+            store16(res, U(r0 + 48), a13)
+            j += 2
+        else:
+            for c in range(c_in):
+                s = splat16(xf[U(p0 + c * plane)])
+                a00 = fma16(s, load16(wp, U(wa + c * 32)), a00)
+                a01 = fma16(s, load16(wp, U(wa + c * 32 + 16)), a01)
+                a02 = fma16(s, load16(wp, U(wb + c * 32)), a02)
+                a03 = fma16(s, load16(wp, U(wb + c * 32 + 16)), a03)
+            store16(res, U(r0), a00)
+            store16(res, U(r0 + 16), a01)
+            store16(res, U(r0 + 32), a02)
+            store16(res, U(r0 + 48), a03)
+            j += 1
+
+
+@jit()
+def _channel_products(x, wp, bp, y, wide_lanes):
     """y = conv1x1(x) + bias: :func:`channel_lanes` before its activation."""
     n_img, c_in = x.shape[0], x.shape[1]
     m_out = y.shape[1]
@@ -336,6 +585,9 @@ def _channel_products(x, wp, bp, y):
     yf = y.reshape(y.size)
     res = np.empty((npix + 2) * mpad, np.float32)  # (pixel, channel), the repeats past npix
     mb = 0
+    while wide_lanes and mb + 64 <= mpad:  # two blocks of 32 on sixteen lanes
+        _two_blocks16(xf, wp, bp, c_in, plane, npix, mpad, mb, res)
+        mb += 64
     while mb < mpad:
         wide = mb + 32 <= mpad
         j = 0

@@ -26,7 +26,19 @@ import numpy as np
 from . import _jit
 from ._jit import jit
 from ._prefetch import prefetch
-from ._simd import fma8, host_has_fma, load8, splat8, store8, transpose8x8
+from ._simd import (
+    fma8,
+    fma16,
+    host_has_avx512,
+    host_has_fma,
+    load8,
+    load16,
+    splat8,
+    splat16,
+    store8,
+    store16,
+    transpose8x8,
+)
 
 # _tiles compiles conv._activate_in_place into its own machine code; numba would keep that
 # code cached after a change to conv.py alone, so the package's cache is dropped whenever
@@ -74,6 +86,21 @@ def fits(plan, xshape, wshape, group) -> bool:
     hp = _padded_size(xshape[2], oh, k[0], s[0], pb[0], d[0])
     wq = _padded_size(xshape[3], ow, k[1], s[1], pb[1], d[1])
     return n * xshape[1] * hp * wq * 4 <= MAX_PLANES_BYTES
+
+
+# On sixteen lanes (_tiles_wide) the tiles beat Winograd for convolutions of at most this many
+# output channels, whose products are too narrow for the batched GEMM (one thread, Emerald
+# Rapids: DenseNet's 2x128x8x8 -> 32 64.5 against 82.0 us, 2x128x16x16 -> 32 241 against
+# 359); with 64 or more they were even or behind (2x64x16x16 -> 64 296 against 282 us,
+# 1x128x28x28 -> 128 1839 against 1329).
+WIDE_OVER_WINOGRAD_MAX_OUTPUTS = 32
+
+
+def beats_winograd(plan, xshape, wshape, group) -> bool:
+    """Whether a float32 convolution that Winograd would take goes by the sixteen-lane tiles
+    instead (:data:`WIDE_OVER_WINOGRAD_MAX_OUTPUTS`)."""
+    return host_has_avx512() and plan[1][1] <= WIDE_OVER_WINOGRAD_MAX_OUTPUTS and \
+        block(plan[1][1]) == BLOCK and fits(plan, xshape, wshape, group)
 
 
 def weights(w: np.ndarray, size: int = BLOCK) -> np.ndarray:
@@ -284,6 +311,137 @@ def _tiles(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
 
 
 @jit()
+def _tiles_wide(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
+    """:func:`_tiles` on sixteen-lane vectors (AVX-512: :func:`._simd.host_has_avx512`), with
+    the same packed weights: 32 output channels (two vectors) by six pixels per tile, twelve
+    accumulators again, each multiply-add twice as wide; three, two, then one pixel at a
+    time at a chunk's end."""
+    n, c, h, w = x.shape
+    m, oh, ow = y.shape[1], y.shape[2], y.shape[3]
+    taps = xoff.shape[0]
+    npix = pix_in.shape[0]
+    blocks = (m + 31) // 32
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    planes = _bordered(xf, n, c, h, w, ph, pw, hp, wq)
+    res = np.empty(CHUNK * 32, np.float32)
+    plane = oh * ow
+    bp = _padded_bias(bias, has_bias, m, blocks * 32)
+    ahead = taps * 32  # the next block's weights, asked for while a block's first tile runs
+    for blk in range(blocks):
+        wb = blk * taps * 32
+        b0 = load16(bp, U(blk * 32))
+        b1 = load16(bp, U(blk * 32 + 16))
+        nch = min(32, m - blk * 32)
+        for j0 in range(0, npix, CHUNK):
+            j1 = min(npix, j0 + CHUNK)
+            j = j0
+            while j + 6 <= j1:
+                a00, a01, a10, a11, a20, a21 = b0, b1, b0, b1, b0, b1
+                a30, a31, a40, a41, a50, a51 = b0, b1, b0, b1, b0, b1
+                p0, p1, p2 = pix_in[U(j)], pix_in[U(j + 1)], pix_in[U(j + 2)]
+                p3, p4, p5 = pix_in[U(j + 3)], pix_in[U(j + 4)], pix_in[U(j + 5)]
+                first = j == 0
+                for t in range(taps):
+                    xo = xoff[U(t)]
+                    wo = wb + t * 32
+                    w0 = load16(wp, U(wo))
+                    w1 = load16(wp, U(wo + 16))
+                    if first:  # (the loop is unswitched on it: no cost to the other tiles)
+                        prefetch(wp, U(wo + ahead))
+                        prefetch(wp, U(wo + ahead + 16))
+                    v = splat16(planes[U(p0 + xo)])
+                    a00 = fma16(v, w0, a00)
+                    a01 = fma16(v, w1, a01)
+                    v = splat16(planes[U(p1 + xo)])
+                    a10 = fma16(v, w0, a10)
+                    a11 = fma16(v, w1, a11)
+                    v = splat16(planes[U(p2 + xo)])
+                    a20 = fma16(v, w0, a20)
+                    a21 = fma16(v, w1, a21)
+                    v = splat16(planes[U(p3 + xo)])
+                    a30 = fma16(v, w0, a30)
+                    a31 = fma16(v, w1, a31)
+                    v = splat16(planes[U(p4 + xo)])
+                    a40 = fma16(v, w0, a40)
+                    a41 = fma16(v, w1, a41)
+                    v = splat16(planes[U(p5 + xo)])
+                    a50 = fma16(v, w0, a50)
+                    a51 = fma16(v, w1, a51)
+                r0 = (j - j0) * 32
+                store16(res, U(r0), a00)
+                store16(res, U(r0 + 16), a01)
+                store16(res, U(r0 + 32), a10)
+                store16(res, U(r0 + 48), a11)
+                store16(res, U(r0 + 64), a20)
+                store16(res, U(r0 + 80), a21)
+                store16(res, U(r0 + 96), a30)
+                store16(res, U(r0 + 112), a31)
+                store16(res, U(r0 + 128), a40)
+                store16(res, U(r0 + 144), a41)
+                store16(res, U(r0 + 160), a50)
+                store16(res, U(r0 + 176), a51)
+                j += 6
+            if j + 3 <= j1:
+                a00, a01, a10, a11, a20, a21 = b0, b1, b0, b1, b0, b1
+                p0, p1, p2 = pix_in[U(j)], pix_in[U(j + 1)], pix_in[U(j + 2)]
+                for t in range(taps):
+                    xo = xoff[U(t)]
+                    wo = wb + t * 32
+                    w0 = load16(wp, U(wo))
+                    w1 = load16(wp, U(wo + 16))
+                    v = splat16(planes[U(p0 + xo)])
+                    a00 = fma16(v, w0, a00)
+                    a01 = fma16(v, w1, a01)
+                    v = splat16(planes[U(p1 + xo)])
+                    a10 = fma16(v, w0, a10)
+                    a11 = fma16(v, w1, a11)
+                    v = splat16(planes[U(p2 + xo)])
+                    a20 = fma16(v, w0, a20)
+                    a21 = fma16(v, w1, a21)
+                r0 = (j - j0) * 32
+                store16(res, U(r0), a00)
+                store16(res, U(r0 + 16), a01)
+                store16(res, U(r0 + 32), a10)
+                store16(res, U(r0 + 48), a11)
+                store16(res, U(r0 + 64), a20)
+                store16(res, U(r0 + 80), a21)
+                j += 3
+            if j + 2 <= j1:
+                a00, a01, a10, a11 = b0, b1, b0, b1
+                p0, p1 = pix_in[U(j)], pix_in[U(j + 1)]
+                for t in range(taps):
+                    xo = xoff[U(t)]
+                    wo = wb + t * 32
+                    w0 = load16(wp, U(wo))
+                    w1 = load16(wp, U(wo + 16))
+                    v = splat16(planes[U(p0 + xo)])
+                    a00 = fma16(v, w0, a00)
+                    a01 = fma16(v, w1, a01)
+                    v = splat16(planes[U(p1 + xo)])
+                    a10 = fma16(v, w0, a10)
+                    a11 = fma16(v, w1, a11)
+                r0 = (j - j0) * 32
+                store16(res, U(r0), a00)
+                store16(res, U(r0 + 16), a01)
+                store16(res, U(r0 + 32), a10)
+                store16(res, U(r0 + 48), a11)
+                j += 2
+            if j < j1:
+                a00, a01 = b0, b1
+                p0 = pix_in[U(j)]
+                for t in range(taps):
+                    wo = wb + t * 32
+                    v = splat16(planes[U(p0 + xoff[U(t)])])
+                    a00 = fma16(v, load16(wp, U(wo)), a00)
+                    a01 = fma16(v, load16(wp, U(wo + 16)), a01)
+                r0 = (j - j0) * 32
+                store16(res, U(r0), a00)
+                store16(res, U(r0 + 16), a01)
+            _store_chunk(res, 32, j0, j1, plane, m, blk * 32, nch, act, yf)
+
+
+@jit()
 def _tiles8(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
     """:func:`_tiles` for convolutions of few output channels (8, 16, 24: a 3-channel stem's
     eight), whose blocks of 32 would be mostly padding: eight output channels (one vector)
@@ -465,7 +623,8 @@ class Tiled(PreparedCall):
         self.wq = wq = _padded_size(wd, ow, k[1], s[1], pb[1], d[1])
         size = block(w.shape[0]) or BLOCK
         self.wp = weights(w, size)
-        self.kernel = {BLOCK: _tiles, MID_BLOCK: _tiles16, NARROW_BLOCK: _tiles8}[size]
+        self.kernel = {BLOCK: _tiles_wide if host_has_avx512() else _tiles,
+                       MID_BLOCK: _tiles16, NARROW_BLOCK: _tiles8}[size]
         self.bound = [None]  # the kernel's machine code (_jit.entry), bound at the first call
         ch, i, j = np.meshgrid(np.arange(c), np.arange(k[0]), np.arange(k[1]), indexing="ij")
         self.xoff = ((ch * hp + i * d[0]) * wq + j * d[1]).astype(np.int64).ravel()
