@@ -1,4 +1,6 @@
-"""MatMul by a file's weights packed into 24-column panels (onemodel.numba.panels) against
+"""MatMul by a file's weights packed into panels of 24 columns on eight lanes, 32 on sixteen
+(AVX-512's; right on any x86 CPU, where LLVM splits the vectors when the CPU's are narrower:
+both are tested on every CPU) (onemodel.numba.panels) against
 PyTorch and a float64 product: rows past the blocks of four and past a row block, columns
 past the last full panel, tiles of four, two and one row, one to three-axis A, NaN and
 infinities, a planned ``out=``; taken for float32 on one thread from one row and sixteen
@@ -35,6 +37,17 @@ def _matmul_call(a_shape, w):
     return specialize(gemm.matmul, site)
 
 
+WIDTHS = pytest.mark.parametrize("width", [panels.WIDTH, panels.WIDE_WIDTH],
+                                 ids=["eight", "sixteen"])
+
+
+@pytest.fixture(params=[False, True], ids=["eight", "sixteen"])
+def lanes(request, monkeypatch):
+    """The planned calls on either lane width, whatever this CPU would choose."""
+    monkeypatch.setattr(panels, "host_has_avx512", lambda: request.param)
+    return request.param
+
+
 def _taken(call) -> bool:
     return call.__name__ == "panels_at"
 
@@ -44,7 +57,8 @@ def _taken(call) -> bool:
     (1, 5, 30), (64, 1, 17), (2, 40, 30), (6, 20, 48), (2, 576, 1024),
 ])  # 7: four, two and one row; 3: two and one; 2 and 6: the two-row tile
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_kernel_matches_a_float64_product(m, k, n, with_bias):
+@WIDTHS
+def test_kernel_matches_a_float64_product(m, k, n, with_bias, width):
     """The sums start from the bias row (zeros without one) in every tile, the last
     panel's columns past N included."""
     rng = np.random.default_rng(m * 1000 + k + n)
@@ -52,12 +66,13 @@ def test_kernel_matches_a_float64_product(m, k, n, with_bias):
     b = rng.standard_normal((k, n)).astype(np.float32)
     c = (rng.standard_normal(n) * 4).astype(np.float32) if with_bias else None
     y = np.full((m, n), np.nan, np.float32)
-    panels.product(a, panels.pack(b), n, y, panels.pack_row(c, n))
+    panels.kernel(width)(a, panels.pack(b, width), n, y, panels.pack_row(c, n, width))
     want = a.astype(np.float64) @ b.astype(np.float64) + (0 if c is None else c)
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * math.sqrt(k))
 
 
-def test_row_blocks_cover_every_row():
+@WIDTHS
+def test_row_blocks_cover_every_row(width):
     """Rows in three blocks of A (64 rows of 1024 floats make a block), the last one short
     and ending in two rows past the fours."""
     assert panels.BLOCK_BYTES // (4 * 1024) == 64
@@ -65,13 +80,13 @@ def test_row_blocks_cover_every_row():
     a = rng.standard_normal((150, 1024)).astype(np.float32)
     b = rng.standard_normal((1024, 40)).astype(np.float32)
     y = np.full((150, 40), np.nan, np.float32)
-    panels.product(a, panels.pack(b), 40, y, panels.pack_row(None, 40))
+    panels.kernel(width)(a, panels.pack(b, width), 40, y, panels.pack_row(None, 40, width))
     np.testing.assert_allclose(y, a.astype(np.float64) @ b, rtol=2e-5, atol=1e-3)
 
 
 @pytest.mark.parametrize("a_shape", [(4, 96), (2, 3, 96), (2, 2, 3, 96), (37, 96), (1, 96),
                                      (2, 96), (1, 3, 96)])
-def test_planned_matmul_takes_the_panels_and_matches_torch(a_shape):
+def test_planned_matmul_takes_the_panels_and_matches_torch(a_shape, lanes):
     rng = np.random.default_rng(len(a_shape))
     w = _file_constant(rng.standard_normal((96, 70)).astype(np.float32))
     x = rng.standard_normal(a_shape).astype(np.float32)
@@ -120,7 +135,7 @@ def test_the_packed_copy_is_made_once_and_dropped_with_the_weights():
     packed = [dict(zip(c.__code__.co_freevars, (v.cell_contents for v in c.__closure__)))["bp"]
               for c in calls]
     assert packed[0] is packed[1] and not packed[0].flags.writeable
-    key = (id(w), "panels")
+    key = (id(w), f"panels, {panels.width()} wide")
     assert key in gemm._COPIES
     del calls, packed, w
     gc.collect()

@@ -403,11 +403,14 @@ def _panel_product(b, transposed, a_shape, out_shape, reference, bias=None):
     than planned, goes to ``reference``."""
     from . import panels
 
-    bp = _once(b, "panels of the transpose", lambda b: panels.pack(b.T)) if transposed \
-        else _once(b, "panels", panels.pack)
+    width = panels.width()
+    product = panels.kernel(width)
+    bp = _once(b, f"panels of the transpose, {width} wide",
+               lambda b: panels.pack(b.T, width)) if transposed \
+        else _once(b, f"panels, {width} wide", lambda b: panels.pack(b, width))
     rows = (math.prod(a_shape[:-1]), a_shape[-1])
     n = out_shape[-1]
-    cp = panels.pack_row(bias, n)
+    cp = panels.pack_row(bias, n, width)
     dtype = np.dtype(np.float32)
     bound = [None]  # the kernel's machine code (_jit.entry), bound at the first call
 
@@ -419,6 +422,6 @@ def _panel_product(b, transposed, a_shape, out_shape, reference, bias=None):
             A = np.ascontiguousarray(A)
         y = np.empty(out_shape, dtype) if out is None else out
         a2, y2 = A.reshape(rows), y.reshape(rows[0], n)
-        (bound[0] or _jit.bind(bound, panels.product, (a2, bp, n, y2, cp)))(a2, bp, n, y2, cp)
+        (bound[0] or _jit.bind(bound, product, (a2, bp, n, y2, cp)))(a2, bp, n, y2, cp)
         return y
     return panels_at

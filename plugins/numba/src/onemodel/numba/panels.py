@@ -17,29 +17,44 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import jit
-from ._simd import fma8, host_has_fma, load8, splat8, store8
+from ._simd import fma8, fma16, host_has_avx512, host_has_fma, load8, load16, splat8, splat16, store8, store16
 from .conv import U
 
 WIDTH = 24  # columns per panel: three vectors of eight
+# on sixteen lanes (AVX-512, product16): two vectors; four rows by two make eight sums, as
+# many as two multiply-add units of four cycles' latency keep busy
+WIDE_WIDTH = 32
 BLOCK_BYTES = 256 << 10  # A's rows per block: at most this many bytes of them
 
 
-def pack(b: np.ndarray) -> np.ndarray:
-    """(K, N) -> flat (panels, K, 24), read-only: each panel's 24 columns side by side for
-    every k; columns past N are zero (computed, never stored)."""
+def width() -> int:
+    """Columns per panel for this CPU: :data:`WIDE_WIDTH` where the kernels take sixteen lanes
+    (:func:`._simd.host_has_avx512`), else :data:`WIDTH`."""
+    return WIDE_WIDTH if host_has_avx512() else WIDTH
+
+
+def kernel(panel_width: int):
+    """The product over panels of ``panel_width`` columns."""
+    return product16 if panel_width == WIDE_WIDTH else product
+
+
+def pack(b: np.ndarray, panel_width: int = WIDTH) -> np.ndarray:
+    """(K, N) -> flat (panels, K, panel_width), read-only: each panel's columns side by side
+    for every k; columns past N are zero (computed, never stored)."""
     k, n = b.shape
-    panels = -(-n // WIDTH)
-    padded = np.zeros((k, panels * WIDTH), np.float32)
+    panels = -(-n // panel_width)
+    padded = np.zeros((k, panels * panel_width), np.float32)
     padded[:, :n] = b
-    packed = np.ascontiguousarray(padded.reshape(k, panels, WIDTH).transpose(1, 0, 2)).ravel()
+    packed = np.ascontiguousarray(
+        padded.reshape(k, panels, panel_width).transpose(1, 0, 2)).ravel()
     packed.flags.writeable = False
     return packed
 
 
-def pack_row(c: np.ndarray | None, n: int) -> np.ndarray:
+def pack_row(c: np.ndarray | None, n: int, panel_width: int = WIDTH) -> np.ndarray:
     """A bias row of ``n`` (or none: zeros) as :func:`product` takes it: padded with zeros to
     whole panels, read-only."""
-    row = np.zeros(-(-n // WIDTH) * WIDTH, np.float32)
+    row = np.zeros(-(-n // panel_width) * panel_width, np.float32)
     if c is not None:
         row[:n] = c
     row.flags.writeable = False
@@ -160,6 +175,101 @@ def product(a, bp, n, y, cp):
                     for r in range(rows):
                         for t in range(n - col):
                             yf[U((i + r) * n + col + t)] = res[U(r * WIDTH + t)]
+                i += rows
+
+
+@jit()
+def product16(a, bp, n, y, cp):
+    """:func:`product` on sixteen lanes (AVX-512) over panels of :data:`WIDE_WIDTH` columns
+    (``pack(b, WIDE_WIDTH)``, ``pack_row(c, n, WIDE_WIDTH)``): four rows by two vectors per
+    tile, then two rows, then the last one."""
+    m, k = a.shape
+    af = a.reshape(a.size)
+    yf = y.reshape(y.size)
+    panels = (n + WIDE_WIDTH - 1) // WIDE_WIDTH
+    block = max(4, (BLOCK_BYTES // (4 * k)) // 4 * 4)
+    res = np.empty(4 * WIDE_WIDTH, np.float32)  # a partial panel's tile
+    for i0 in range(0, m, block):
+        i1 = min(m, i0 + block)
+        for j in range(panels):
+            pb = j * k * WIDE_WIDTH
+            col = j * WIDE_WIDTH
+            full = col + WIDE_WIDTH <= n
+            z0, z1 = load16(cp, U(col)), load16(cp, U(col + 16))
+            i = i0
+            while i < i1:
+                four = i + 4 <= i1
+                two = not four and i + 2 <= i1
+                a0 = i * k
+                a1, a2, a3 = a0, a0, a0
+                if four:
+                    a1, a2, a3 = a0 + k, a0 + 2 * k, a0 + 3 * k
+                elif two:
+                    a1 = a0 + k
+                c00, c01, c10, c11 = z0, z1, z0, z1
+                c20, c21, c30, c31 = z0, z1, z0, z1
+                if four:
+                    for q in range(k):
+                        bo = pb + q * WIDE_WIDTH
+                        b0 = load16(bp, U(bo))
+                        b1 = load16(bp, U(bo + 16))
+                        s = splat16(af[U(a0 + q)])
+                        c00 = fma16(s, b0, c00)
+                        c01 = fma16(s, b1, c01)
+                        s = splat16(af[U(a1 + q)])
+                        c10 = fma16(s, b0, c10)
+                        c11 = fma16(s, b1, c11)
+                        s = splat16(af[U(a2 + q)])
+                        c20 = fma16(s, b0, c20)
+                        c21 = fma16(s, b1, c21)
+                        s = splat16(af[U(a3 + q)])
+                        c30 = fma16(s, b0, c30)
+                        c31 = fma16(s, b1, c31)
+                elif two:  # two of the last M % 4 rows: the panel read once for both
+                    for q in range(k):
+                        bo = pb + q * WIDE_WIDTH
+                        b0 = load16(bp, U(bo))
+                        b1 = load16(bp, U(bo + 16))
+                        s = splat16(af[U(a0 + q)])
+                        c00 = fma16(s, b0, c00)
+                        c01 = fma16(s, b1, c01)
+                        s = splat16(af[U(a1 + q)])
+                        c10 = fma16(s, b0, c10)
+                        c11 = fma16(s, b1, c11)
+                else:  # the last row
+                    for q in range(k):
+                        bo = pb + q * WIDE_WIDTH
+                        s = splat16(af[U(a0 + q)])
+                        c00 = fma16(s, load16(bp, U(bo)), c00)
+                        c01 = fma16(s, load16(bp, U(bo + 16)), c01)
+                rows = 4 if four else (2 if two else 1)
+                if full:
+                    o = i * n + col
+                    store16(yf, U(o), c00)
+                    store16(yf, U(o + 16), c01)
+                    if rows > 1:
+                        o += n
+                        store16(yf, U(o), c10)
+                        store16(yf, U(o + 16), c11)
+                    if four:
+                        o += n
+                        store16(yf, U(o), c20)
+                        store16(yf, U(o + 16), c21)
+                        o += n
+                        store16(yf, U(o), c30)
+                        store16(yf, U(o + 16), c31)
+                else:  # the last panel: through res, its columns inside N
+                    store16(res, U(0), c00)
+                    store16(res, U(16), c01)
+                    store16(res, U(32), c10)
+                    store16(res, U(48), c11)
+                    store16(res, U(64), c20)
+                    store16(res, U(80), c21)
+                    store16(res, U(96), c30)
+                    store16(res, U(112), c31)
+                    for r in range(rows):
+                        for t in range(n - col):
+                            yf[U((i + r) * n + col + t)] = res[U(r * WIDE_WIDTH + t)]
                 i += rows
 
 
