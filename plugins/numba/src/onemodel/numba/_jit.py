@@ -14,7 +14,8 @@ OpenMP (TBB where installed, else its own workqueue, whose workers block between
 On x86, numba's code generation is told to prefer no vector gathers and scatters
 (:func:`_prefer_no_gathers`): LLVM's cost model for AMD's Zen 4 takes AVX-512 gathers for
 cheap, and a kernel's loop vectorized with them ran 3.4x slower than the same loop without
-(docs/benchmarks.md, "Twenty-fourth round")."""
+(docs/benchmarks.md, "Twenty-fourth round"), and on a CPU with AVX-512 to keep 512-bit
+vectors whole (``-prefer-256-bit``, :data:`WIDE_VECTORS`) for the sixteen-lane kernels."""
 
 from __future__ import annotations
 
@@ -56,10 +57,11 @@ def _prefer_no_gathers() -> bool:
     AVX-512 :data:`WHOLE_512_BIT` too. Why: on AMD's Zen 4 LLVM vectorized a MaxPool's taps
     over 16 output columns with ``vgatherqps`` and ``vscatterdps`` (47.9 us; 14.0 us without,
     12.4 us on 15 columns, which it left scalar); LLVM sets these features itself for the
-    Intel CPUs whose gathers are slow. On Intel's Emerald Rapids, whose FMA units take 512-bit
-    vectors, the register-tile kernels on sixteen lanes ran ... (docs/benchmarks.md,
-    "Twenty-fifth round"). The features are part of numba's cache key, so machine code cached
-    without them is not reused. Returns whether they were added."""
+    Intel CPUs whose gathers are slow. On Intel's AVX-512 server CPUs LLVM prefers 256-bit
+    vectors and splits the sixteen-lane kernels' in two; kept whole, those kernels took the
+    real-model suite from 1.21-1.25x onnxruntime to 1.12x on an Emerald Rapids
+    (docs/benchmarks.md, "Twenty-fifth round"). The features are part of numba's cache key,
+    so machine code cached without them is not reused. Returns whether they were added."""
     from numba.core import codegen, config
     from numba.core.registry import cpu_target
 
