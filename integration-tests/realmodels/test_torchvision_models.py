@@ -283,9 +283,9 @@ def test_residual_adds_fused_into_their_convolutions_agree_with_onnxruntime(
         assert {n.attrs["activation"] for n in residual} == {activation}
         real_site = conv._pointwise_residual_site
 
-        def recorded(kernel, args, xshape, *rest):
+        def recorded(kernel, args, wide, xshape, *rest):
             lanes.append(tuple(xshape))
-            return real_site(kernel, args, xshape, *rest)
+            return real_site(kernel, args, wide, xshape, *rest)
         monkeypatch.setattr(conv, "_pointwise_residual_site", recorded)
     _agrees_with_onnxruntime(model, (2, 3, 64, 64), seed=seed)
     if pointwise is not None and pointwise.host_has_fma() and model == "tv_mnasnet":

@@ -20,6 +20,7 @@ from onemodel.tensors import threads as _threads
 from . import buffers as _buffers
 from .graph import Graph
 from .passes import PassManager
+from .passes.base import owned
 from .placement import place
 from .plancache import CacheInfo, PlanCache
 from .planner import Plan, _input_spec, _signature, make_plan
@@ -59,7 +60,12 @@ class Session:
     ``out=`` get output buffers the plan reuses from run to run, so steady-state runs at one
     shape make no new arrays for them (see ``onemodel.runtime.buffers``); ``False`` makes every
     step of the session's plans allocate its outputs (the subgraphs of If, Loop and Scan, run by
-    the graph's own runner, follow ``ONEMODEL_PLANNED_BUFFERS``). Device sessions plan none."""
+    the graph's own runner, follow ``ONEMODEL_PLANNED_BUFFERS``). Device sessions plan none.
+
+    The session owns its weights, as an onnxruntime session does: the graph's initializers
+    that can change in place (a traced model's parameters) are copied once, read-only, when it
+    is made; changing the graph's arrays afterwards does not reach it. Build a new session to
+    run new weights. A file's constants are read-only already and are not copied."""
 
     def __init__(self, graph: Graph, *, optimize: bool = True, threads: int | None = None,
                  optimization_level: str = "all", profile: bool = False, device: str = "cpu",
@@ -76,6 +82,10 @@ class Session:
         graph.validate(allow_unknown=True)
         self.source_graph = graph
         self.graph = graph.copy()
+        # the session owns its weights, as onnxruntime's does: a writable initializer is copied
+        # once into a read-only array here, so kernels may lay weights out once (packed panels,
+        # register tiles) and the caller changing its arrays later reaches no plan, half or whole
+        self.graph.initializers = {k: owned(v) for k, v in self.graph.initializers.items()}
         self.optimizations: dict[str, int] = {}
         if self.optimization_level != "none":
             passes = [p for p in default_passes()

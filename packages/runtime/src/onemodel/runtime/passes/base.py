@@ -159,8 +159,27 @@ def frozen(value: np.ndarray) -> np.ndarray:
     computes (folded weights), which nothing outside the graph holds. Kernels may then lay
     them out once at plan time, as they do for constants loaded from a file (the numba
     plugin's ``conv._immutable``)."""
+    shape = np.shape(value)  # (np.ascontiguousarray makes a 0-d array 1-d)
     value = np.ascontiguousarray(value)
-    return np.frombuffer(value.tobytes(), value.dtype).reshape(value.shape)
+    return np.frombuffer(value.tobytes(), value.dtype).reshape(shape)
+
+
+def is_frozen(value) -> bool:
+    """Whether nothing can change ``value`` in place: read-only views down to immutable
+    ``bytes`` (constants loaded from a file, or :func:`frozen`'s)."""
+    while isinstance(value, np.ndarray):
+        if value.flags.writeable:
+            return False
+        value = value.base
+    return isinstance(value, bytes)
+
+
+def owned(value):
+    """``value`` as a constant the session owns: :func:`frozen` unless it is already frozen
+    (or holds Python objects, which have no bytes to copy)."""
+    if not isinstance(value, np.ndarray) or value.dtype.hasobject or is_frozen(value):
+        return value
+    return frozen(value)
 
 
 def spec_of_array(arr) -> TensorSpec:
