@@ -153,6 +153,8 @@ def test_taken_only_where_it_measured_faster(monkeypatch):
     with weights that come from memory; Winograd first."""
     monkeypatch.setattr(tiled, "MIN_TAPS", RULE_MIN_TAPS)
     monkeypatch.setattr(tiled, "POINTWISE_MIN_WEIGHTS", 256 << 10)
+    # Winograd first on eight lanes (sixteen: test_sixteen_lanes_take_winograds_narrow_...)
+    monkeypatch.setattr(tiled, "host_has_avx512", lambda: False)
 
     def fits(xs, ws, group=1, pads=(1, 1, 1, 1), strides=None):
         plan = conv._plan(xs, ws, 4, None, strides, pads, None, "NOTSET", group, True)
@@ -189,21 +191,23 @@ def test_taken_only_where_it_measured_faster(monkeypatch):
     assert conv._prepared_weights(plan, xs, file_constant(w)) is None
 
 
-def test_sixteen_lanes_take_winograds_narrow_outputs(monkeypatch):
-    """With sixteen lanes, a convolution of at most 32 outputs that Winograd would take goes
-    by the tiles (WIDE_OVER_WINOGRAD_MAX_OUTPUTS); with 64 Winograd keeps it, and on eight
-    lanes Winograd keeps both."""
+def test_sixteen_lanes_take_winograds_narrow_convolutions(monkeypatch):
+    """With sixteen lanes, a convolution that Winograd would take goes by the tiles when it
+    has at most 32 outputs or at most 64 inputs (WIDE_OVER_WINOGRAD_MAX_OUTPUTS and _INPUTS);
+    with 128 of both Winograd keeps it, and on eight lanes Winograd keeps them all."""
     monkeypatch.setattr(tiled, "MIN_TAPS", RULE_MIN_TAPS)
 
-    def prepared(m, wide):
+    def prepared(c, m, wide):
         monkeypatch.setattr(tiled, "host_has_avx512", lambda: wide)
-        xs, ws = (2, 128, 8, 8), (m, 128, 3, 3)
+        xs, ws = (2, c, 8, 8), (m, c, 3, 3)
         plan = conv._plan(xs, ws, 4, None, None, (1, 1, 1, 1), None, "NOTSET", 1, True)
         _, w, _ = conv_arrays(xs, ws, np.float32, seed=5)
         return conv._prepared_weights(plan, xs, file_constant(w))
-    assert isinstance(prepared(32, True), tiled.Tiled)
-    assert isinstance(prepared(64, True), conv._Winograd)
-    assert isinstance(prepared(32, False), conv._Winograd)
+    assert isinstance(prepared(128, 32, True), tiled.Tiled)
+    assert isinstance(prepared(64, 128, True), tiled.Tiled)
+    assert isinstance(prepared(128, 64, True), conv._Winograd)
+    assert isinstance(prepared(128, 32, False), conv._Winograd)
+    assert isinstance(prepared(64, 128, False), conv._Winograd)
 
 
 def test_weights_changed_in_place_are_seen(monkeypatch):

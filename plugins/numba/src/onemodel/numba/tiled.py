@@ -89,18 +89,25 @@ def fits(plan, xshape, wshape, group) -> bool:
 
 
 # On sixteen lanes (_tiles_wide) the tiles beat Winograd for convolutions of at most this many
-# output channels, whose products are too narrow for the batched GEMM (one thread, Emerald
-# Rapids: DenseNet's 2x128x8x8 -> 32 64.5 against 82.0 us, 2x128x16x16 -> 32 241 against
-# 359); with 64 or more they were even or behind (2x64x16x16 -> 64 296 against 282 us,
-# 1x128x28x28 -> 128 1839 against 1329).
+# output channels, whose products are too narrow for the batched GEMM, or of at most this many
+# input channels, whose transforms cost more than the products they save (one thread, Emerald
+# Rapids, Tiled.run against _Winograd.run, best of 5 of 200 calls: DenseNet's 2x128x8x8 -> 32
+# 64.5 against 82.0 us, 2x128x16x16 -> 32 241 against 359; SqueezeNet's 1x16x55x55 -> 64 390
+# against 579, 1x64x13x13 -> 256 324 against 381; ResNet's 1x64x56x56 -> 64 1607 against
+# 2860, 2x64x16x16 -> 64 243-286 against 264-461, 1x64x28x28 -> 64 338 against 333); with 96
+# input channels and more Winograd stays ahead (1x96x13x13 -> 128 280 against 246,
+# 1x128x28x28 -> 128 1449 against 1043).
 WIDE_OVER_WINOGRAD_MAX_OUTPUTS = 32
+WIDE_OVER_WINOGRAD_MAX_INPUTS = 64
 
 
 def beats_winograd(plan, xshape, wshape, group) -> bool:
     """Whether a float32 convolution that Winograd would take goes by the sixteen-lane tiles
-    instead (:data:`WIDE_OVER_WINOGRAD_MAX_OUTPUTS`)."""
-    return host_has_avx512() and plan[1][1] <= WIDE_OVER_WINOGRAD_MAX_OUTPUTS and \
-        block(plan[1][1]) == BLOCK and fits(plan, xshape, wshape, group)
+    instead (:data:`WIDE_OVER_WINOGRAD_MAX_OUTPUTS`, :data:`WIDE_OVER_WINOGRAD_MAX_INPUTS`)."""
+    m = plan[1][1]
+    return host_has_avx512() and (m <= WIDE_OVER_WINOGRAD_MAX_OUTPUTS or
+                                  xshape[1] <= WIDE_OVER_WINOGRAD_MAX_INPUTS) and \
+        block(m) == BLOCK and fits(plan, xshape, wshape, group)
 
 
 def weights(w: np.ndarray, size: int = BLOCK) -> np.ndarray:
