@@ -262,9 +262,10 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
 def _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, o0, ostride,
                       panel):
     """:func:`_rows_by_pixels` on sixteen-lane vectors (AVX-512): ``vecs`` vectors of sixteen
-    pixels, four output channels by three vectors per tile (48 pixels), two or one at the
-    row's end, one channel at a time past the last four; the inputs packed into a panel from
-    PACK_MIN_OUTPUTS output channels, as there."""
+    pixels, four output channels by three vectors per tile (48 pixels), two at the row's end,
+    and a last single vector eight output channels at a time (four sums would wait on the
+    multiply-adds' latency: DenseNet's 2x128x4x4 planes), then four, then one channel at a
+    time; the inputs packed into a panel from PACK_MIN_OUTPUTS output channels, as there."""
     zero = np.float32(0.0)
     v = 0
     while v < vecs:
@@ -278,6 +279,36 @@ def _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of
                     panel[U(c * 48 + t)] = xf[U(at + t)]
             src, base, stride = panel, 0, 48
         m = 0
+        while nv == 1 and m + 8 <= m_out:  # one vector: eight channels, eight sums in flight
+            w0 = m * c_in
+            a0 = splat16(bias[m] if has_bias else zero)
+            a1 = splat16(bias[m + 1] if has_bias else zero)
+            a2 = splat16(bias[m + 2] if has_bias else zero)
+            a3 = splat16(bias[m + 3] if has_bias else zero)
+            a4 = splat16(bias[m + 4] if has_bias else zero)
+            a5 = splat16(bias[m + 5] if has_bias else zero)
+            a6 = splat16(bias[m + 6] if has_bias else zero)
+            a7 = splat16(bias[m + 7] if has_bias else zero)
+            for c in range(c_in):
+                x0v = load16(src, U(base + c * stride))
+                a0 = fma16(splat16(wf[U(w0 + c)]), x0v, a0)
+                a1 = fma16(splat16(wf[U(w0 + c_in + c)]), x0v, a1)
+                a2 = fma16(splat16(wf[U(w0 + 2 * c_in + c)]), x0v, a2)
+                a3 = fma16(splat16(wf[U(w0 + 3 * c_in + c)]), x0v, a3)
+                a4 = fma16(splat16(wf[U(w0 + 4 * c_in + c)]), x0v, a4)
+                a5 = fma16(splat16(wf[U(w0 + 5 * c_in + c)]), x0v, a5)
+                a6 = fma16(splat16(wf[U(w0 + 6 * c_in + c)]), x0v, a6)
+                a7 = fma16(splat16(wf[U(w0 + 7 * c_in + c)]), x0v, a7)
+            ob = o0 + m * ostride + q
+            store16(of, U(ob), a0)
+            store16(of, U(ob + ostride), a1)
+            store16(of, U(ob + 2 * ostride), a2)
+            store16(of, U(ob + 3 * ostride), a3)
+            store16(of, U(ob + 4 * ostride), a4)
+            store16(of, U(ob + 5 * ostride), a5)
+            store16(of, U(ob + 6 * ostride), a6)
+            store16(of, U(ob + 7 * ostride), a7)
+            m += 8
         while m < m_out:
             four = m + 4 <= m_out
             b0 = splat16(bias[m] if has_bias else zero)
