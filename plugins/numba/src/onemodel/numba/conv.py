@@ -23,6 +23,7 @@ import numpy as np
 
 from numba import prange, types
 from numba.extending import overload
+from onemodel.runtime.passes.base import is_frozen
 from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.nn import _convt_geometry, _geometry
@@ -1908,14 +1909,9 @@ class _Winograd(PreparedCall):
         return self.kernel(X, self.u, bias, has_bias, act, plan, y, pick)
 
 
-def _immutable(value: np.ndarray) -> bool:
-    """Whether nothing can change ``value`` in place: read-only views down to immutable bytes
-    (constants loaded from a file), so data derived from it once stays right."""
-    while isinstance(value, np.ndarray):
-        if value.flags.writeable:
-            return False
-        value = value.base
-    return isinstance(value, bytes)
+# whether nothing can change a constant in place (read-only views down to immutable bytes: a
+# file's constants, a session's own copies), so data derived from it once stays right
+_immutable = is_frozen
 
 
 def _ready(value) -> bool:

@@ -157,8 +157,8 @@ def sole_consumer(graph: Graph, value: str):
 def frozen(value: np.ndarray) -> np.ndarray:
     """``value`` as a read-only view of an immutable ``bytes`` copy: for constants a pass
     computes (folded weights), which nothing outside the graph holds. Kernels may then lay
-    them out once at plan time, as they do for constants loaded from a file (the numba
-    plugin's ``conv._immutable``)."""
+    them out once at plan time, as they do for constants loaded from a file (:func:`is_frozen`,
+    which the numba plugin's kernels ask)."""
     shape = np.shape(value)  # (np.ascontiguousarray makes a 0-d array 1-d)
     value = np.ascontiguousarray(value)
     return np.frombuffer(value.tobytes(), value.dtype).reshape(shape)
