@@ -9,8 +9,8 @@ import numpy as np
 from runtime_graphs import mlp
 
 from onemodel.runtime import GraphBuilder, Session, save
-from onemodel.runtime.passes.base import is_frozen
 from onemodel.tensors import DType
+from onemodel.tensors.ops.specialize import is_frozen
 
 
 def _forward(graph, x):

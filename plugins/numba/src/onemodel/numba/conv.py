@@ -23,11 +23,10 @@ import numpy as np
 
 from numba import prange, types
 from numba.extending import overload
-from onemodel.runtime.passes.base import is_frozen
 from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.nn import _convt_geometry, _geometry
-from onemodel.tensors.ops.specialize import CallSite, specializer
+from onemodel.tensors.ops.specialize import CallSite, is_frozen, specializer
 
 from . import _jit, depthwise
 from ._jit import jit, pick, sync_threads

@@ -17,6 +17,7 @@ import numpy as np
 
 from onemodel.tensors import DType, OneModelError, TensorSpec
 from onemodel.tensors.ops import OPS
+from onemodel.tensors.ops.specialize import is_frozen
 
 from ..graph import Graph, Node, small_value
 
@@ -162,16 +163,6 @@ def frozen(value: np.ndarray) -> np.ndarray:
     shape = np.shape(value)  # (np.ascontiguousarray makes a 0-d array 1-d)
     value = np.ascontiguousarray(value)
     return np.frombuffer(value.tobytes(), value.dtype).reshape(shape)
-
-
-def is_frozen(value) -> bool:
-    """Whether nothing can change ``value`` in place: read-only views down to immutable
-    ``bytes`` (constants loaded from a file, or :func:`frozen`'s)."""
-    while isinstance(value, np.ndarray):
-        if value.flags.writeable:
-            return False
-        value = value.base
-    return isinstance(value, bytes)
 
 
 def owned(value):

@@ -40,6 +40,18 @@ class CallSite:
 Specializer = Callable[[CallSite], "Callable | None"]
 
 
+def is_frozen(value) -> bool:
+    """Whether nothing can change a constant in place: read-only views down to immutable
+    ``bytes`` (a file's constants, a session's own copies). A specializer may lay out such a
+    constant once (packed, transposed) and the copy cannot go stale; any other constant it must
+    read as it is at each call."""
+    while isinstance(value, np.ndarray):
+        if value.flags.writeable:
+            return False
+        value = value.base
+    return isinstance(value, bytes)
+
+
 def specializer(kernel: Callable) -> Callable[[Specializer], Specializer]:
     """Decorator: make ``fn(site) -> callable | None`` the plan-time specializer of
     ``kernel`` (a reference kernel or a plugin's). None keeps the generic call."""
