@@ -33,6 +33,45 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 # dtypes ----------------------------------------------------------------------------------------
 
+_FRESH = """
+import sys
+import numpy as np
+import onemodel.runtime, onemodel.training, onemodel.tracing
+from onemodel.tensors import DType, Tensor
+before = 'ml_dtypes' in sys.modules
+assert (Tensor(np.ones(3, np.float32)) * 2).numpy().tolist() == [2.0, 2.0, 2.0]
+assert DType.from_numpy(np.float32) is DType.F32 and DType.lookup(np.dtype('V2')) is None
+still = 'ml_dtypes' in sys.modules
+{first_use}
+print(before, still, 'ml_dtypes' in sys.modules, result)
+"""
+
+
+@pytest.mark.parametrize("first_use, expected", [
+    ("result = DType.BF16.numpy.name", "bfloat16"),
+    ("result = DType.from_numpy('float8_e4m3fn').name", "F8E4M3FN"),
+    ("result = DType.of('bfloat16').itemsize", "2"),
+    ("result = Tensor(np.array([1.5, 3.3], np.float32)).cast(DType.BF16).numpy().tolist()",
+     "[1.5, 3.296875]"),
+    # the caller imported ml_dtypes and passes its array: its dtype must be known all the same
+    ("import ml_dtypes; result = DType.from_numpy(np.zeros(1, ml_dtypes.float8_e5m2).dtype).name",
+     "F8E5M2"),
+    ("import ml_dtypes; result = DType.lookup(np.zeros(1, ml_dtypes.int4).dtype).name", "I4"),
+])
+def test_ml_dtypes_is_imported_on_first_use_of_a_narrow_type(first_use, expected):
+    """Its extension takes most of a second to load on some CPUs: a float32 program must not pay
+    it, and the first use of a narrow type, from any side, must find the type all the same."""
+    import subprocess
+    import sys
+
+    code = _FRESH.format(first_use=first_use)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    before, still, after, result = out.stdout.split(" ", 3)
+    assert (before, still, after) == ("False", "False", "True")
+    assert result.strip() == expected
+
+
 @pytest.mark.parametrize("dt", list(DType))
 def test_every_dtype_maps_to_numpy_and_back(dt):
     assert DType.from_numpy(dt.numpy) is dt

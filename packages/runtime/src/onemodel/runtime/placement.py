@@ -127,9 +127,7 @@ class _DeviceCall:
 
     def _choose(self, args):
         first = next((a for a in args if a is not None), None)
-        dtype = None
-        if getattr(first, "dtype", None) in _KNOWN:
-            dtype = DType.from_numpy(first.dtype)
+        dtype = DType.lookup(getattr(first, "dtype", None))
         recs = [r for r in registry.get_registry().kernels().get(self.op, ())
                 if r.device == self.dev.name
                 and (r.dtypes is None or dtype is None or dtype in r.dtypes)]
@@ -145,9 +143,6 @@ class _DeviceCall:
             if not self.dev.fallback:
                 raise
             return False
-
-
-_KNOWN = {d.numpy for d in DType}
 
 
 def _has_device_kernels(op: str, device: str) -> bool:

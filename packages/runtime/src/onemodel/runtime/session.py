@@ -279,7 +279,7 @@ class Session:
                 continue
             arr = _as_array(v, feeds[v.name])
             if arr.dtype != v.dtype.numpy:
-                got = DType.from_numpy(arr.dtype).name if arr.dtype in _KNOWN else arr.dtype
+                got = getattr(DType.lookup(arr.dtype), "name", arr.dtype)
                 raise OneModelError(f"input {v.name!r} must have dtype {v.dtype.name}, got {got}; "
                                     "cast it first")
             arrays.append(arr)
@@ -299,9 +299,6 @@ class Session:
         if self.device == "cpu":
             return plan
         return place(plan, self.device, self._keep_on_device)
-
-
-_KNOWN = {d.numpy for d in DType}
 
 
 def _wrap(result, device: str = "cpu"):

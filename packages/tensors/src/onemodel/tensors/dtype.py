@@ -5,7 +5,9 @@ accelerators: bfloat16, the 8-bit floats (E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, the 
 E8M0FNU), the 4-bit float E2M1FN and 4- and 2-bit integers. Their numpy dtypes come from the
 ``ml_dtypes`` package (the one JAX and ONNX use), so values are represented and rounded by it,
 not by hand-written bit tricks. One element takes one byte in memory (two for bfloat16); ONNX
-files pack 4- and 2-bit types (the onnx plugin does that).
+files pack 4- and 2-bit types (the onnx plugin does that). ml_dtypes is imported on the first use
+of such a type, not with this module: its extension takes most of a second to load on some
+machines, which every ``import onemodel.runtime`` would pay for float32 models.
 
 BF16 is a floating type ops compute on (in float32, rounded once per op, as PyTorch does on the
 CPU). The other low-precision types are *storage* types: Cast, data movement and the
@@ -15,8 +17,8 @@ quantization ops take them, arithmetic ops refuse them with a ``DTypeError``.
 from __future__ import annotations
 
 import enum
+import sys
 
-import ml_dtypes
 import numpy as np
 
 from .errors import DTypeError
@@ -79,12 +81,19 @@ class DType(enum.Enum):
     def from_numpy(cls, dtype) -> DType:
         """The DType of a numpy dtype (or anything ``np.dtype`` accepts)."""
         try:
+            if isinstance(dtype, str) and dtype in _NARROW:
+                _load_narrow_types()  # numpy knows 'bfloat16' only once ml_dtypes is imported
             return _FROM_NUMPY[np.dtype(dtype)]
         except (KeyError, TypeError):
             raise DTypeError(
                 f"numpy dtype {dtype!r} has no OneModel DType; "
                 f"use one of {', '.join(d.value for d in DType)}"
             ) from None
+
+    @classmethod
+    def lookup(cls, dtype) -> DType | None:
+        """The DType of a numpy dtype, or None where OneModel has none (no error raised)."""
+        return _FROM_NUMPY.get(dtype)
 
     @classmethod
     def of(cls, value) -> DType:
@@ -106,8 +115,56 @@ class DType(enum.Enum):
         return f"DType.{self.name}"
 
 
-_TO_NUMPY = {d: np.dtype(getattr(ml_dtypes, d.value, None) or d.value) for d in DType}
-_FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items()}
+class _NumpyOf(dict):
+    """DType -> numpy dtype. numpy's own types are here from the start; the narrow ones join on
+    the first lookup of one, which imports ml_dtypes."""
+
+    def __missing__(self, key):
+        if isinstance(key, DType) and _load_narrow_types():
+            return self[key]
+        raise KeyError(key)
+
+
+class _DTypeOf(dict):
+    """numpy dtype -> DType. A narrow type's dtype can only exist once ml_dtypes is imported
+    (by us or by the caller), so a miss then loads the narrow types and looks again."""
+
+    def __missing__(self, key):
+        if "ml_dtypes" in sys.modules and _load_narrow_types():
+            return self[key]
+        raise KeyError(key)
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except (KeyError, TypeError):
+            return default
+
+
+_NARROW = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+           "float8_e8m0fnu", "float4_e2m1fn", "int4", "uint4", "int2", "uint2")
+_TO_NUMPY = _NumpyOf((d, np.dtype(d.value)) for d in DType if d.value not in _NARROW)
+_FROM_NUMPY = _DTypeOf((v, k) for k, v in _TO_NUMPY.items())
+
+
+def _load_narrow_types() -> bool:
+    """Import ml_dtypes and add its types to the tables; False if they are there already."""
+    if len(_TO_NUMPY) == len(DType):
+        return False
+    import ml_dtypes
+
+    for name in _NARROW:
+        d, dt = DType(name), np.dtype(getattr(ml_dtypes, name))
+        dict.__setitem__(_TO_NUMPY, d, dt)
+        dict.__setitem__(_FROM_NUMPY, dt, d)
+    return True
+
+
+def _ml_dtypes():
+    import ml_dtypes
+
+    return ml_dtypes
+
 _BITS = {DType.BOOL: 8, DType.F4E2M1FN: 4, DType.I4: 4, DType.U4: 4, DType.I2: 2, DType.U2: 2}
 
 FLOATING = frozenset({DType.F16, DType.F32, DType.F64})
@@ -167,7 +224,7 @@ def cast_array(x: np.ndarray, to: DType, saturate: bool = True,
         if x.dtype.kind not in "f" and x.dtype not in (_TO_NUMPY[DType.BF16],):
             x = x.astype(np.float32)
         if saturate:
-            big = float(ml_dtypes.finfo(target).max)
+            big = float(_ml_dtypes().finfo(target).max)
             x = np.clip(x, -big, big)  # NaN stays NaN, +-Inf become +-max
         with np.errstate(invalid="ignore", over="ignore"):
             return x.astype(target)
@@ -204,4 +261,4 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
         code = np.minimum(code, 0xFE)
         code = np.where(special & (frac == 0), 0xFE, code)  # +-Inf
     code = np.where(special & (frac != 0), 0xFF, code)  # NaN
-    return code.astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    return code.astype(np.uint8).view(DType.F8E8M0FNU.numpy)

@@ -474,7 +474,7 @@ def cast(input, *, to=DType.F32, saturate=1, round_mode="up"):
 _PLAIN_NUMPY = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
     np.float16, np.float32, np.float64))
-_PLAIN_TARGETS = {d: d.numpy for d in DType if d.numpy in _PLAIN_NUMPY}
+_PLAIN_TARGETS = {DType.from_numpy(t): t for t in _PLAIN_NUMPY}
 
 
 def _dropout_shape(specs, *, seed=None):
