@@ -147,12 +147,14 @@ def test_register_tiles_agree_with_onnxruntime(monkeypatch, model, inputs):
 
 @pytest.mark.torch
 def test_squeezenet_with_pooling_lanes_agrees_with_onnxruntime(monkeypatch):
-    """SqueezeNet at 2x3x64x64: its 3x3/2 ceil_mode MaxPools over 15x15 and 7x7 planes run
-    with eight channels in vector lanes (numba plugin, one thread, AVX2 and FMA); the whole
-    network agrees with onnxruntime."""
-    pooled = []
+    """SqueezeNet at 2x3x64x64: its 3x3/2 ceil_mode MaxPools run on the numba plugin's vector
+    kernels (one thread): where the CPU has AVX-512, those over the 31x31 and 15x15 planes on
+    sixteen-lane rows (``pool_strided``) and the one over 7x7 planes with eight channels in
+    vector lanes; with AVX2 and FMA only, the 15x15 and 7x7 ones in lanes. The whole network
+    agrees with onnxruntime."""
+    pooled, rows = [], []
     try:
-        from onemodel.numba import pool_lanes
+        from onemodel.numba import pool, pool_lanes, pool_strided
     except ImportError:  # the core without the plugin: the reference kernels
         pool_lanes = None
     else:
@@ -164,8 +166,19 @@ def test_squeezenet_with_pooling_lanes_agrees_with_onnxruntime(monkeypatch):
                 pooled.append(tuple(shape))
             return found
         monkeypatch.setattr(pool_lanes, "geometry", geometry)
+        real_call = pool._max_call
+
+        def max_call(plan, kernel_shape, *args, **kwargs):
+            kernel, tail = real_call(plan, kernel_shape, *args, **kwargs)
+            if kernel is pool_strided.max_pool_kernel(*kernel_shape):
+                rows.append(plan[0][:2])  # the input plane (h, w)
+            return kernel, tail
+        monkeypatch.setattr(pool, "_max_call", max_call)
     _agrees_with_onnxruntime("tv_squeezenet", (2, 3, 64, 64), seed=9)
-    if pool_lanes is not None and pool_lanes.host_has_fma():
+    if pool_lanes is not None and pool_strided.host_has_avx512():
+        assert {(31, 31), (15, 15)} <= set(rows), sorted(set(rows))
+        assert (2, 256, 7, 7) in pooled, sorted(set(pooled))
+    elif pool_lanes is not None and pool_lanes.host_has_fma():
         assert {(2, 128, 15, 15), (2, 256, 7, 7)} <= set(pooled), sorted(set(pooled))
 
 

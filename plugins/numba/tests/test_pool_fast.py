@@ -5,7 +5,9 @@ reference kernel and with PyTorch on odd sizes, ceil_mode, asymmetric and large 
 count_include_pad 0/1, NaN and infinities, float32 and float64, with and without out=,
 serially and in parallel, and through the plan-time specializer (an input of another shape
 takes the generic call). 2x2 stride-2 pools whose windows all lie inside the image take
-kernels of their own."""
+kernels of their own; on AVX-512 CPUs float32 MaxPools of column stride 2 take the sixteen-lane
+rows of ``pool_strided`` (tested in test_pool_strided.py, and here as the geometries reach
+them)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,13 @@ from functools import partial
 import numpy as np
 import pytest
 
-from onemodel.numba import pool
+from onemodel.numba import pool, pool_strided
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
 TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-11, atol=1e-11)}
 SAME, FIXED, GENERIC, PLANE, TILES = "same", "fixed", "generic", "plane", "tiles"
+STRIDED = "strided"
 
 # (input shape, attributes, the kernel the MaxPool and AveragePool calls must reach)
 GEOMETRIES = [
@@ -107,9 +110,17 @@ def _reached(op, x, attrs) -> str:
     if kernel in (pool._max_pool, pool._avg_pool):
         return GENERIC
     k = pool._tuple(a["kernel_shape"])
+    if op == "MaxPool" and kernel is pool_strided.max_pool_kernel(*k):
+        return STRIDED
     if kernel in (pool._max_pool_same(*k), pool._avg_pool_same(*k)):
         return SAME
     return FIXED
+
+
+def _strided_rows(x, attrs) -> bool:
+    s = pool._tuple(attrs.get("strides")) or (1, 1)
+    return pool_strided.takes(x.dtype, pool._tuple(attrs["kernel_shape"]), s,
+                              pool._tuple(attrs.get("dilations")) or (1, 1))
 
 
 def _check(op, got, want, dtype):
@@ -126,7 +137,11 @@ def _check(op, got, want, dtype):
 def test_matches_the_reference(shape, attrs, kind, op, kernel, extra, dtype):
     attrs = {**attrs, **extra}
     x = _input(shape, dtype, special=True)
-    assert _reached(op, x, attrs) == (GENERIC if kind == PLANE and op == "MaxPool" else kind)
+    if kind == PLANE and op == "MaxPool":
+        kind = GENERIC
+    elif kind == FIXED and op == "MaxPool" and _strided_rows(x, attrs):
+        kind = STRIDED
+    assert _reached(op, x, attrs) == kind
     with np.errstate(invalid="ignore", divide="ignore"):
         want = OPS[op].kernel(x, **attrs)
         _check(op, kernel(x, **attrs), want, dtype)
@@ -222,10 +237,12 @@ FIXED_GEOMETRIES = [(shape, attrs) for shape, attrs, kind in GEOMETRIES if kind 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("shape,attrs", FIXED_GEOMETRIES)
-def test_planned_max_pool_with_its_geometry_compiled_in(shape, attrs, dtype):
+def test_planned_max_pool_with_its_geometry_compiled_in(shape, attrs, dtype, monkeypatch):
     """A planned MaxPool of a fixed window runs a kernel with the plan's geometry compiled in
     (not the one that reads it from its arguments): against the reference kernel bit for bit,
-    NaN and infinities included, serially and in parallel, with and without out=."""
+    NaN and infinities included, serially and in parallel, with and without out=. (Without
+    AVX-512, as the float32 calls of column stride 2 take ``pool_strided``'s rows there.)"""
+    monkeypatch.setattr(pool_strided, "takes", lambda *args: False)
     x = _input(shape, dtype, seed=5, special=True)
     want = OPS["MaxPool"].kernel(x, **attrs)
     plan = pool._plan(x.shape, x.dtype, pool._tuple(attrs["kernel_shape"]),

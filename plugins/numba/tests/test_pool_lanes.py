@@ -2,7 +2,9 @@
 kernel and PyTorch: strides 1 and 2, padding, ceil_mode, dilation, rectangular and 5x5
 windows, outputs that leave pixels after the tiles of eight, NaN and infinities, a strided
 input and a planned ``out``; taken for float32 with a multiple of eight channels over small
-planes on one thread, and any other call keeps the NCHW kernels."""
+planes on one thread, and any other call keeps the NCHW kernels. On AVX-512 CPUs the float32
+pools of column stride 2 take ``pool_strided``'s rows instead: here that choice is switched off
+to test the lanes on every CPU, and test_pool_strided.py tests it."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from onemodel.numba import _jit, pool, pool_lanes
+from onemodel.numba import _jit, pool, pool_lanes, pool_strided
 from onemodel.numba._simd import host_has_fma
 from onemodel.tensors import OneModelError
 from onemodel.tensors.ops import OPS
@@ -21,6 +23,11 @@ from onemodel.tensors.ops.specialize import CallSite, specialize
 pytestmark = [pytest.mark.skipif(not host_has_fma(), reason="this CPU has no AVX2/FMA: "
                                 "the kernel is never chosen"),
               pytest.mark.usefixtures("serial")]  # the kernels run on one thread only
+
+
+@pytest.fixture(autouse=True)
+def _without_strided_rows(monkeypatch):
+    monkeypatch.setattr(pool_strided, "takes", lambda *args: False)
 
 
 def _site(xs, attrs, dtype=np.float32):

@@ -1,7 +1,9 @@
 """The eight-lane float32 vectors (``onemodel.numba._simd``) against numpy: loads and stores
 at unaligned offsets, broadcasts, fused multiply-adds rounded once, and the 8x8 transpose
 between runs of any stride; anything but a 1-D C-contiguous float32 array (a strided view
-would be read as if contiguous) is refused when the kernel is typed."""
+would be read as if contiguous) is refused when the kernel is typed. The sixteen-lane row
+operations of the strided pools: masked loads and stores, the even/odd/next shuffles, the two
+maxima and the NaN test."""
 
 from __future__ import annotations
 
@@ -9,7 +11,23 @@ import numba
 import numpy as np
 import pytest
 
-from onemodel.numba._simd import fma8, load8, splat8, store8, transpose8x8
+from onemodel.numba._simd import (
+    add16,
+    evens16,
+    fma8,
+    has_nan16,
+    larger16,
+    load8,
+    load16_masked,
+    max16,
+    next16,
+    odds16,
+    splat8,
+    store8,
+    store16,
+    store16_masked,
+    transpose8x8,
+)
 
 
 @numba.njit(cache=False)
@@ -72,3 +90,45 @@ def test_transpose_moves_each_value_to_its_place(s0, sstride, d0, dstride):
         for c in range(8):
             want[d0 + c * dstride + r] = src[s0 + r * sstride + c]
     np.testing.assert_array_equal(dst, want)  # and nothing else written
+
+
+@numba.njit(cache=False)
+def _sixteen_lane_ops(x, at, lo, hi, n, out):
+    """Each of the sixteen-lane row operations, stored in turn into rows of ``out``."""
+    a = load16_masked(x, at, lo, hi, np.float32(-1.5))
+    b = load16_masked(x, at + 16, 0, 16, np.float32(0))
+    store16(out, 0, a)
+    store16(out, 16, evens16(a, b))
+    store16(out, 32, odds16(a, b))
+    store16(out, 48, next16(a, b))
+    store16(out, 64, larger16(a, b))
+    store16(out, 80, max16(a, b))
+    store16(out, 96, add16(a, b))
+    store16_masked(out, 112, n, b)
+    return has_nan16(a), has_nan16(b)
+
+
+@pytest.mark.parametrize("at, lo, hi, n", [(0, 0, 16, 16), (-3, 3, 16, 5), (40, 2, 9, 0),
+                                            (48, -4, 11, 1), (10, 0, 0, 15)])
+def test_sixteen_lane_row_operations_compute_what_numpy_computes(at, lo, hi, n):
+    """Masked loads read only their lanes (from before the array's start or up to its end),
+    masked stores write only theirs; the shuffles move lanes where their names say; larger16 is
+    vmaxps (b's NaN dropped, a's kept), max16 keeps every NaN."""
+    x = np.arange(80, dtype=np.float32) - 30
+    x[at + 17] = np.nan  # in b's lane 1
+    out = np.full(128, 99.0, np.float32)
+    nan_a, nan_b = _sixteen_lane_ops(x, at, lo, hi, n, out)
+    lanes = np.arange(16)
+    inside = (lanes >= lo) & (lanes < hi)
+    a = np.where(inside, x[np.clip(at + lanes, 0, 79)], np.float32(-1.5))
+    b = x[at + 16:at + 32]
+    pairs = np.concatenate([a, b])
+    np.testing.assert_array_equal(out[:16], a)
+    np.testing.assert_array_equal(out[16:32], pairs[0::2])
+    np.testing.assert_array_equal(out[32:48], pairs[1::2])
+    np.testing.assert_array_equal(out[48:64], pairs[1:17])
+    np.testing.assert_array_equal(out[64:80], np.where(b > a, b, a))
+    np.testing.assert_array_equal(out[80:96], np.where((b > a) | np.isnan(b), b, a))
+    np.testing.assert_array_equal(out[96:112], a + b)
+    np.testing.assert_array_equal(out[112:128], np.where(lanes < n, b, np.float32(99.0)))
+    assert (nan_a, nan_b) == (bool(np.isnan(a).any()), True)

@@ -17,7 +17,17 @@ intrinsic; the type has no Python value and never leaves a compiled function.
 
 ``F32x16`` with ``load16``, ``store16``, ``splat16`` and ``fma16`` is the same for sixteen
 lanes (one AVX-512 register), for kernels chosen only where :func:`host_has_avx512` says the
-CPU has them and numba's code generation keeps them whole (``_jit.WIDE_VECTORS``).
+CPU has them and numba's code generation keeps them whole (``_jit.WIDE_VECTORS``). Besides:
+
+- ``max16(a, v)``: :func:`max8`'s running maximum on sixteen lanes; ``larger16(a, v)``: ``v``
+  where ``v > a``, ``a`` elsewhere (one ``vmaxps``: a NaN in ``v`` is dropped), for kernels
+  that check for NaN apart: ``add16(a, b)`` and ``has_nan16(v)``.
+- ``load16_masked(a, i, lo, hi, fill)``: lane ``l`` is ``a[i + l]`` where ``lo <= l < hi``,
+  ``fill`` elsewhere; the lanes outside are not read, so ``i`` may point before ``a`` or
+  ``i + 16`` past it (AVX-512's masked loads). ``store16_masked(a, i, n, v)`` writes lanes
+  ``l < n`` only.
+- ``evens16(a, b)`` and ``odds16(a, b)``: the even (odd) lanes of the 32 lanes ``a`` then
+  ``b``; ``next16(a, b)``: lanes 1 to 15 of ``a`` then lane 0 of ``b``.
 """
 
 from __future__ import annotations
@@ -220,6 +230,153 @@ def fma16(typingctx, a, b, c):
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v16f32")
         return builder.call(fn, list(args))
     return f32x16(f32x16, f32x16, f32x16), codegen
+
+
+@intrinsic
+def max16(typingctx, a, v):
+    """:func:`max8` on sixteen lanes: NaN wins and stays, ties keep ``a``."""
+    if not (a == v == f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a_, v_ = args
+        take = builder.or_(builder.fcmp_ordered(">", v_, a_), builder.fcmp_unordered("uno", v_, v_))
+        return builder.select(take, v_, a_)
+    return f32x16(f32x16, f32x16), codegen
+
+
+@intrinsic
+def larger16(typingctx, a, v):
+    """``v`` where ``v > a``, ``a`` elsewhere: one ``vmaxps`` (x86's operand order), which
+    keeps a NaN of ``a`` and drops one of ``v``."""
+    if not (a == v == f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a_, v_ = args
+        return builder.select(builder.fcmp_ordered(">", v_, a_), v_, a_)
+    return f32x16(f32x16, f32x16), codegen
+
+
+@intrinsic
+def add16(typingctx, a, b):
+    """``a + b`` lane by lane."""
+    if not (a == b == f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+    return f32x16(f32x16, f32x16), codegen
+
+
+@intrinsic
+def has_nan16(typingctx, v):
+    """Whether a lane of ``v`` is NaN."""
+    if v != f32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        nan = builder.fcmp_unordered("uno", args[0], args[0])
+        bits = builder.bitcast(nan, ir.IntType(16))
+        return builder.icmp_unsigned("!=", bits, ir.Constant(ir.IntType(16), 0))
+    return types.boolean(f32x16), codegen
+
+
+def _splat(builder, value, vecty):
+    i32 = ir.IntType(32)
+    one = builder.insert_element(ir.Constant(vecty, ir.Undefined), value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vecty, ir.Undefined),
+                                  ir.Constant(ir.VectorType(i32, vecty.count), [0] * vecty.count))
+
+
+def _lanes_between(context, builder, sig, args, lo, hi):
+    """The <16 x i1> mask of the lanes ``l`` with ``lo <= l < hi`` (``lo``, ``hi``: indices
+    into ``args``)."""
+    i32 = ir.IntType(32)
+    vec = ir.VectorType(i32, 16)
+    bound = [builder.trunc(context.cast(builder, args[i], sig.args[i], types.int64), i32)
+             for i in (lo, hi)]
+    lanes = ir.Constant(vec, list(range(16)))
+    return builder.and_(builder.icmp_signed(">=", lanes, _splat(builder, bound[0], vec)),
+                        builder.icmp_signed("<", lanes, _splat(builder, bound[1], vec)))
+
+
+def _index(context, builder, sig, args, i):
+    return context.cast(builder, args[i], sig.args[i], types.int64)
+
+
+@intrinsic
+def load16_masked(typingctx, arr, index, lo, hi, fill):
+    """Lane ``l`` is ``arr[index + l]`` where ``lo <= l < hi``, ``fill`` elsewhere; the lanes
+    outside are not read (``llvm.masked.load``)."""
+    if not (_float32_array(arr) and all(isinstance(v, types.Integer) for v in (index, lo, hi))
+            and fill == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _address(context, builder, sig.args[0], args[0],
+                       _index(context, builder, sig, args, 1), _VEC16)
+        mask = _lanes_between(context, builder, sig, args, 2, 3)
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(_VEC16, [ptr.type, i32, mask.type, _VEC16])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.load.v16f32.p0")
+        return builder.call(fn, [ptr, ir.Constant(i32, 4), mask,
+                                 _splat(builder, args[4], _VEC16)])
+    return f32x16(arr, index, lo, hi, fill), codegen
+
+
+@intrinsic
+def store16_masked(typingctx, arr, index, n, vec):
+    """``arr[index:index + n] = vec[:n]`` for ``n <= 16``; the other lanes are not written
+    (``llvm.masked.store``)."""
+    if not (_float32_array(arr) and isinstance(index, types.Integer)
+            and isinstance(n, types.Integer) and vec == f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _address(context, builder, sig.args[0], args[0],
+                       _index(context, builder, sig, args, 1), _VEC16)
+        i32 = ir.IntType(32)
+        vec = ir.VectorType(i32, 16)
+        count = builder.trunc(_index(context, builder, sig, args, 2), i32)
+        mask = builder.icmp_signed("<", ir.Constant(vec, list(range(16))),
+                                   _splat(builder, count, vec))
+        fnty = ir.FunctionType(ir.VoidType(), [_VEC16, ptr.type, i32, mask.type])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.store.v16f32.p0")
+        builder.call(fn, [args[3], ptr, ir.Constant(i32, 4), mask])
+        return context.get_dummy_value()
+    return types.void(arr, index, n, vec), codegen
+
+
+def _shuffle_codegen(lanes):
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[1],
+                                      ir.Constant(ir.VectorType(ir.IntType(32), 16), lanes))
+    return codegen
+
+
+@intrinsic
+def evens16(typingctx, a, b):
+    """The even lanes of the 32 lanes ``a`` then ``b``."""
+    if not (a == b == f32x16):
+        return None
+    return f32x16(f32x16, f32x16), _shuffle_codegen(list(range(0, 32, 2)))
+
+
+@intrinsic
+def odds16(typingctx, a, b):
+    """The odd lanes of the 32 lanes ``a`` then ``b``."""
+    if not (a == b == f32x16):
+        return None
+    return f32x16(f32x16, f32x16), _shuffle_codegen(list(range(1, 32, 2)))
+
+
+@intrinsic
+def next16(typingctx, a, b):
+    """Lanes 1 to 15 of ``a``, then lane 0 of ``b``: ``a`` moved one lane along a row."""
+    if not (a == b == f32x16):
+        return None
+    return f32x16(f32x16, f32x16), _shuffle_codegen(list(range(1, 17)))
 
 
 def _shuffled(builder, a, b, lanes):

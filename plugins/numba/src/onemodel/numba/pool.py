@@ -15,7 +15,7 @@ from onemodel.tensors import OneModelError
 from onemodel.tensors.ops.nn import _geometry
 from onemodel.tensors.ops.specialize import CallSite, specializer
 
-from . import _jit
+from . import _jit, pool_strided
 from ._jit import jit, pick, sync_threads
 
 U = np.uint64
@@ -581,6 +581,9 @@ def _max_call(plan, kernel_shape, strides, dtype, compiled_geometry=False):
     if same:
         pt, group, _counts = same
         return _max_pool_same(*fixed[:2]), (h, w, pt, pl, hy[1], hy[2], group, lowest)
+    k = _tuple(kernel_shape)
+    if sw == 2 and pool_strided.takes(dtype, k, (1, sw), d):
+        return pool_strided.max_pool_kernel(*k), (h, w, oh, ow, pl, hy[0], hy[1], hy[2])
     if fixed:
         wp = max(pl + w, (ow - 1) * sw + fixed[1])
         geometry = (h, w, oh, ow, pl, wp) if compiled_geometry else _ANY_GEOMETRY
@@ -886,8 +889,9 @@ def _windows_at(site: CallSite, choose, include_pad=0):
 @specializer(max_pool)
 def _max_pool_at(site: CallSite):
     """MaxPool planned for its shapes: on one thread, float32 blocks of eight channels in
-    vector lanes where :func:`.pool_lanes.fits` takes them; otherwise :func:`_windows_at`, a
-    fixed window's geometry compiled into its kernel."""
+    vector lanes where :func:`.pool_lanes.fits` takes them (unless :mod:`.pool_strided`
+    does); otherwise :func:`_windows_at`, a fixed window's geometry compiled into its
+    kernel, or the sixteen-lane rows of :mod:`.pool_strided`."""
     return _max_lanes_at(site) or _windows_at(site, partial(_max_call, compiled_geometry=True))
 
 
@@ -907,6 +911,9 @@ def _max_lanes_at(site: CallSite):
         return None
     if k == (2, 2) and tuple(s) == (2, 2):
         return None  # the NCHW 2x2 kernel's tiles are as fast (2x64x16x16: 1.04x)
+    if s[1] == 2 and shape[3] >= pool_strided.MIN_WIDTH_OVER_LANES and \
+            pool_strided.takes(dtype, k, s, d):
+        return None  # the sixteen-lane rows need no copies into and out of the lanes
     from . import pool_lanes
 
     geo = pool_lanes.geometry(shape, tuple(out_hw), tuple(s), tuple(pb), tuple(d), k)
