@@ -256,8 +256,8 @@ def _panels(rng, calls: int, sweep) -> None:
         bp, bt = panels.pack(b), np.ascontiguousarray(b.T)
         ys = [np.empty((m, n), np.float32) for _ in range(3)]
         cp = panels.pack_row(None, n)
-        run = _jit.entry(panels.product, (a, bp, n, ys[0], cp))
-        fns = [partial(run, a, bp, n, ys[0], cp), partial(np.matmul, a, b, out=ys[1])]
+        run = _jit.entry(panels.product, (a, bp, n, ys[0], cp, False))
+        fns = [partial(run, a, bp, n, ys[0], cp, False), partial(np.matmul, a, b, out=ys[1])]
         if m <= 32:
             fns.append(partial(conv._skinny_gemm.serial, bt, a, ys[2].reshape(-1), 1, n))
         reps = max(5, min(calls, int(2e8 // (m * k * n))))

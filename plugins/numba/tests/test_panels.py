@@ -58,18 +58,24 @@ def _taken(call) -> bool:
     (64, 784, 256),
 ])  # 7: four, two and one row; 3: two and one; 2 and 6: the two-row tile; K past one or two
 # of product16's K_BLOCK: the sums carried between blocks in every tile kind
-@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("with_bias, relu", [(False, False), (True, False), (True, True)])
 @WIDTHS
-def test_kernel_matches_a_float64_product(m, k, n, with_bias, width):
+def test_kernel_matches_a_float64_product(m, k, n, with_bias, relu, width):
     """The sums start from the bias row (zeros without one) in every tile, the last
-    panel's columns past N included."""
+    panel's columns past N included; with ``relu`` the negative sums become 0 in every row
+    block and NaN stays."""
     rng = np.random.default_rng(m * 1000 + k + n)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     c = (rng.standard_normal(n) * 4).astype(np.float32) if with_bias else None
+    if relu:
+        a[-1, 0] = np.nan  # the last row: NaN in every column
     y = np.full((m, n), np.nan, np.float32)
-    panels.kernel(width)(a, panels.pack(b, width), n, y, panels.pack_row(c, n, width))
+    panels.kernel(width)(a, panels.pack(b, width), n, y, panels.pack_row(c, n, width), relu)
     want = a.astype(np.float64) @ b.astype(np.float64) + (0 if c is None else c)
+    if relu:
+        want = np.where(want < 0, 0, want)
+        assert np.isnan(y[-1]).all() and (y[:-1] >= 0).all()
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * math.sqrt(k))
 
 
@@ -82,7 +88,8 @@ def test_row_blocks_cover_every_row(width):
     a = rng.standard_normal((150, 1024)).astype(np.float32)
     b = rng.standard_normal((1024, 40)).astype(np.float32)
     y = np.full((150, 40), np.nan, np.float32)
-    panels.kernel(width)(a, panels.pack(b, width), 40, y, panels.pack_row(None, 40, width))
+    panels.kernel(width)(a, panels.pack(b, width), 40, y, panels.pack_row(None, 40, width),
+                         False)
     np.testing.assert_allclose(y, a.astype(np.float64) @ b, rtol=2e-5, atol=1e-3)
 
 
@@ -169,6 +176,8 @@ def test_planned_fused_gemm_takes_the_panels_and_matches_torch(trans_b, bias, ro
                     lambda *a, out=None: OPS["FusedGemm"].kernel(*a, **attrs, out=out))
     call = specialize(gemm.fused_gemm, site)
     assert _reaches_panels(call)
+    # the plan's own bias and Relu: one call of the panels, no pass after
+    assert call.__qualname__.startswith("_whole_on_panels")
     want = torch.relu(torch.from_numpy(x) @ torch.from_numpy(w) +
                       (torch.from_numpy(c.copy()) if bias else 0)).numpy()
     for out in (None, np.full((rows, 40), np.nan, np.float32)):
@@ -179,6 +188,26 @@ def test_planned_fused_gemm_takes_the_panels_and_matches_torch(trans_b, bias, ro
     want_other = OPS["FusedGemm"].kernel(x, other, c, **attrs)
     np.testing.assert_allclose(call(x, other, *(() if c is None else (c,))), want_other,
                                rtol=1e-5, atol=1e-5)
+    if bias:  # another bias than the plan's: the generic call adds it
+        c2 = c + 1
+        np.testing.assert_allclose(call(x, b_arg, c2),
+                                   OPS["FusedGemm"].kernel(x, b_arg, c2, **attrs),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_planned_fused_gemm_of_another_activation_takes_the_panels_then_its_pass():
+    rng = np.random.default_rng(3)
+    w = _file_constant(rng.standard_normal((64, 40)).astype(np.float32))
+    c = _file_constant(rng.standard_normal(40).astype(np.float32))
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    attrs = {"activation": "Sigmoid"}
+    site = CallSite((x.shape, w.shape, c.shape), (x.dtype,) * 3, (None, w, c), attrs,
+                    ((5, 40),), lambda *a, out=None: OPS["FusedGemm"].kernel(*a, **attrs, out=out))
+    call = specialize(gemm.fused_gemm, site)
+    assert _reaches_panels(call) and not call.__qualname__.startswith("_whole_on_panels")
+    want = torch.sigmoid(torch.from_numpy(x) @ torch.from_numpy(w.copy()) +
+                         torch.from_numpy(c.copy())).numpy()
+    np.testing.assert_allclose(call(x, w, c), want, rtol=1e-5, atol=1e-6)
 
 
 def _linear_session(w, bias, activation=None, **attrs):

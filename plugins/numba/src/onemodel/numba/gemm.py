@@ -125,6 +125,11 @@ def _planned_gemm(site: CallSite, attrs: dict, activation: str):
     b = site.values[1] if len(site.values) > 1 else None
     trans_b = attrs.get("transB", 0)
     rows_by_k = _rows_by_k(site, attrs, out_shape)
+    c_const = site.values[2] if has_bias else None
+    if _gemm_panels_fit(site, attrs, b, out_shape) and act in (0, ACT_CODES["Relu"]) and (
+            not has_bias or (isinstance(c_const, np.ndarray) and c_const.dtype == dtype and
+                             c_const.ndim == 1 and _immutable(c_const))):
+        return _whole_on_panels(b, trans_b, a_shape, out_shape, c_const, act, generic)
     if _gemm_panels_fit(site, attrs, b, out_shape):
         panel = _panel_product(b, trans_b, a_shape, out_shape,
                                lambda A, B, out=None, blas=product: blas(A, B, None, out=out))
@@ -156,6 +161,22 @@ def _planned_gemm(site: CallSite, attrs: dict, activation: str):
             (bound[0] or _jit.bind(bound, _bias_act.serial, (y, bias, has_bias, act)))(
                 y, bias, has_bias, act)
         return y
+    return fused_gemm_at
+
+
+def _whole_on_panels(b, trans_b, a_shape, out_shape, c_const, act, generic):
+    """A FusedGemm (or Gemm) of the plan's own bias (an immutable row, or none) and no
+    activation or Relu as one call of the panels: the sums start from the bias and the Relu is
+    applied to each row block as it is stored (the traced MLP at batch 1: two numba calls a
+    layer were one each). Any other bias goes to the generic call."""
+    panel = _panel_product(b, trans_b, a_shape, out_shape,
+                           lambda A, B, out=None: generic(A, B, c_const, out=out), c_const,
+                           relu=act == ACT_CODES["Relu"])
+
+    def fused_gemm_at(A, B, C=None, out=None):
+        if C is not c_const:
+            return generic(A, B, C, out=out)
+        return panel(A, B, out=out)
     return fused_gemm_at
 
 
@@ -396,11 +417,11 @@ def _gemm_panels_fit(site: CallSite, attrs: dict, b, out_shape) -> bool:
         panels.fits(a_shape[0], k, n)
 
 
-def _panel_product(b, transposed, a_shape, out_shape, reference, bias=None):
+def _panel_product(b, transposed, a_shape, out_shape, reference, bias=None, relu=False):
     """The planned call of ``A @ b`` (``A @ b.T`` when ``transposed``; ``+ bias``, an
-    immutable row, when given) by :func:`panels.product` over the weights packed once (shared
-    by every plan of ``b``); another B, or an A or ``out`` of another shape, dtype or layout
-    than planned, goes to ``reference``."""
+    immutable row, when given; then max(., 0) with ``relu``) by :func:`panels.product` over
+    the weights packed once (shared by every plan of ``b``); another B, or an A or ``out`` of
+    another shape, dtype or layout than planned, goes to ``reference``."""
     from . import panels
 
     width = panels.width()
@@ -410,6 +431,7 @@ def _panel_product(b, transposed, a_shape, out_shape, reference, bias=None):
         else _once(b, f"panels, {width} wide", lambda b: panels.pack(b, width))
     rows = (math.prod(a_shape[:-1]), a_shape[-1])
     n = out_shape[-1]
+    flat = len(a_shape) == 2  # A and the output are the kernel's (M, K) and (M, N) already
     cp = panels.pack_row(bias, n, width)
     dtype = np.dtype(np.float32)
     bound = [None]  # the kernel's machine code (_jit.entry), bound at the first call
@@ -421,7 +443,8 @@ def _panel_product(b, transposed, a_shape, out_shape, reference, bias=None):
         if not A.flags.c_contiguous:
             A = np.ascontiguousarray(A)
         y = np.empty(out_shape, dtype) if out is None else out
-        a2, y2 = A.reshape(rows), y.reshape(rows[0], n)
-        (bound[0] or _jit.bind(bound, product, (a2, bp, n, y2, cp)))(a2, bp, n, y2, cp)
+        a2, y2 = (A, y) if flat else (A.reshape(rows), y.reshape(rows[0], n))
+        (bound[0] or _jit.bind(bound, product, (a2, bp, n, y2, cp, relu)))(a2, bp, n, y2, cp,
+                                                                            relu)
         return y
     return panels_at
