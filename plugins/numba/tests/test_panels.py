@@ -55,7 +55,7 @@ def _taken(call) -> bool:
 @pytest.mark.parametrize("m, k, n", [
     (4, 8, 24), (5, 7, 16), (7, 33, 50), (12, 96, 384), (130, 64, 100), (3, 16, 48),
     (1, 5, 30), (64, 1, 17), (2, 40, 30), (6, 20, 48), (2, 576, 1024), (7, 520, 50),
-    (64, 784, 256),
+    (64, 784, 256), (1, 256, 10), (8, 64, 8),
 ])  # 7: four, two and one row; 3: two and one; 2 and 6: the two-row tile; K past one or two
 # of product16's K_BLOCK: the sums carried between blocks in every tile kind
 @pytest.mark.parametrize("with_bias, relu", [(False, False), (True, False), (True, True)])
@@ -128,7 +128,10 @@ def test_narrow_writable_float64_or_threads_keep_the_reference(monkeypatch):
     rng = np.random.default_rng(5)
     w = _file_constant(rng.standard_normal((64, 48)).astype(np.float32))
     assert all(_taken(_matmul_call((rows, 64), w)) for rows in (1, 2, 3))
-    assert not _taken(_matmul_call((8, 64), _file_constant(w[:, :8].copy())))  # 8 columns
+    narrow = _file_constant(w[:, :8].copy())  # 8 columns: one panel, mostly padding
+    assert _taken(_matmul_call((8, 64), narrow))  # on a few rows, as a classifier head
+    assert not _taken(_matmul_call((9, 64), narrow))
+    assert not _taken(_matmul_call((2, 64), _file_constant(w[:, :7].copy())))
     assert not _taken(_matmul_call((8, 64), w.copy()))  # writable: an update must show
     w64 = _file_constant(w.astype(np.float64))
     site = CallSite(((8, 64), w64.shape), (np.dtype(np.float64),) * 2, (None, w64), {},

@@ -377,9 +377,17 @@ def product16(a, bp, n, y, cp, relu):
 # mostly padding (1000 x 32 x 8: 1.54x).
 MIN_ROWS = 1
 MIN_COLUMNS = 16
+# narrower products (a classifier head of ten classes) on a few rows go by panels too: their
+# one panel's padding costs less than BLAS's call and the bias pass after it. A planned Gemm
+# with its bias, paired (15 pairs, medians, Emerald Rapids): 1 x 256 x 10 1.75 -> 1.25 us,
+# 4 x 256 x 10 2.04 -> 1.43, 8 x 256 x 10 2.19 -> 1.98, 1 x 512 x 8 1.71 -> 1.58; not at 64
+# rows (6.09 -> 7.00) nor for two columns (2 x 1024 x 2: 2.30 -> 2.58)
+NARROW_MAX_ROWS = 8
+NARROW_MIN_COLUMNS = 8
 
 
 def fits(rows: int, k: int, n: int) -> bool:
     """Whether a float32 product of ``rows`` by constant (k, n) weights goes by panels (the
     caller checks the dtype, the weights' immutability and the thread mode)."""
-    return host_has_fma() and rows >= MIN_ROWS and n >= MIN_COLUMNS and k >= 1
+    wide_enough = n >= MIN_COLUMNS or (n >= NARROW_MIN_COLUMNS and rows <= NARROW_MAX_ROWS)
+    return host_has_fma() and rows >= MIN_ROWS and wide_enough and k >= 1
