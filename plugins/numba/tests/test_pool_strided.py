@@ -158,3 +158,31 @@ def test_takes_only_float32_column_stride_two_narrow_undilated_windows_on_avx512
     attrs = dict(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1)
     reached, _ = pool._max_call(*_plan_args(x, attrs))
     assert reached is not pool_strided.max_pool_kernel(3, 3)
+
+
+def test_a_second_process_loads_the_kernels_from_numba_s_cache(tmp_path):
+    """The kernel is a closure over its window's two integers only: a closure over another
+    compiled function is keyed by that function's identity, which no other process shares,
+    and the warm first run of a ResNet paid 0.6 s compiling it again."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np; from onemodel.numba import pool, pool_strided as ps\n"
+            "x = np.random.default_rng(0).standard_normal((1, 2, 9, 40)).astype(np.float32)\n"
+            "for k in ((3, 3), (2, 2)):\n"
+            "    plan = pool._plan(x.shape, x.dtype, k, (2, 2), (0, 0, 0, 0), (1, 1), 'NOTSET',"
+            " 1, 0)\n"
+            "    (h, w, oh, ow), (_s, pl), _d, hy, _wq, _t = plan\n"
+            "    out = np.empty((1, 2, oh, ow), np.float32)\n"
+            "    ps.max_pool_kernel(*k).serial(x.reshape(-1), out.reshape(-1), h, w, oh, ow, pl,"
+            " hy[0], hy[1], hy[2])\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+
+    def cached():
+        return sorted(p.name for p in tmp_path.rglob("pool_strided*.nbc"))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    first = cached()
+    assert first, "nothing was cached"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert cached() == first  # nothing compiled again

@@ -58,59 +58,52 @@ def takes(dtype, kernel_shape, strides, dilations) -> bool:
         tuple(dilations) == (1, 1) and host_has_avx512()
 
 
-@cache
-def _window_rows(count: int, careful: bool):
-    """``window_rows(x, at, w, rows, lo, hi, total)``: the maximum over the ``rows`` rows
-    ``w`` apart of the 16 elements from ``at`` (lanes ``lo <= l < hi`` read, -inf elsewhere)
-    and ``total`` plus their sum, a NaN there where one was read. ``count``: the number of
-    rows compiled in (its loop unrolled), or -1 for ``rows``; ``careful``: NaN-aware maxima."""
-
-    @jit()
-    def window_rows(x, at, w, rows, lo, hi, total):
-        lowest = np.float32(-np.inf)
-        m = splat16(lowest)
-        for i in range(rows if count < 0 else count):
-            v = load16_masked(x, at + i * w, lo, hi, lowest)
-            m = max16(m, v) if careful else larger16(m, v)
-            total = add16(total, v)
-        return m, total
-    return window_rows
+@jit()
+def _window_rows(x, at, w, rows, lo, hi, total, careful):
+    """The maximum over the ``rows`` rows ``w`` apart of the 16 elements from ``at`` (lanes
+    ``lo <= l < hi`` read, -inf elsewhere) and ``total`` plus their sum, a NaN there where one
+    was read. ``careful``: NaN-aware maxima. The kernel passes ``rows`` and ``careful`` as
+    constants where it can, which LLVM folds in once this is inlined (the window's rows
+    unrolled, one kind of maximum)."""
+    lowest = np.float32(-np.inf)
+    m = splat16(lowest)
+    for i in range(rows):
+        v = load16_masked(x, at + i * w, lo, hi, lowest)
+        m = max16(m, v) if careful else larger16(m, v)
+        total = add16(total, v)
+    return m, total
 
 
-@cache
-def _output_row(kw: int, count: int, careful: bool):
-    """``output_row(x, out, first, rows, w, pl, ow, base)``: one output row written from the
-    window rows that start at ``first`` (column 0 of the padded row); it returns whether a
-    NaN was read (then, unless ``careful``, the row must be done again carefully)."""
-    window_rows = _window_rows(count, careful)
-
-    @jit()
-    def output_row(x, out, first, rows, w, pl, ow, base):
-        # a: padded columns c0 .. c0 + 15, read where 0 <= c0 + l - pl < w; b: the next 16
-        a, total = window_rows(x, first, w, rows, pl, w + pl, splat16(np.float32(0)))
-        c0 = 0
-        q = 0
-        while q < ow:
-            if c0 + 16 - pl < w:
-                b, total = window_rows(x, first + c0 + 16, w, rows, pl - c0 - 16,
-                                       w + pl - c0 - 16, total)
-            else:  # a row of at most 16 columns
-                b = splat16(np.float32(-np.inf))
-            even = evens16(a, b)
-            odd = odds16(a, b)
-            m = max16(even, odd) if careful else larger16(even, odd)
-            c0 += 32
-            if c0 - pl < w:  # the next 32 columns' first vector
-                a, total = window_rows(x, first + c0, w, rows, pl - c0, w + pl - c0, total)
-            else:
-                a = splat16(np.float32(-np.inf))
-            if kw == 3:  # its lane 0 is the last output's third tap
-                nxt = next16(even, a)
-                m = max16(m, nxt) if careful else larger16(m, nxt)
-            store16_masked(out, base + q, min(16, ow - q), m)
-            q += 16
-        return has_nan16(total)
-    return output_row
+@jit()
+def _output_row(x, out, first, rows, w, pl, ow, base, kw, careful):
+    """One output row written from the window rows that start at ``first`` (column 0 of the
+    padded row); it returns whether a NaN was read (then, unless ``careful``, the row must be
+    done again carefully)."""
+    # a: padded columns c0 .. c0 + 15, read where 0 <= c0 + l - pl < w; b: the next 16
+    a, total = _window_rows(x, first, w, rows, pl, w + pl, splat16(np.float32(0)), careful)
+    c0 = 0
+    q = 0
+    while q < ow:
+        if c0 + 16 - pl < w:
+            b, total = _window_rows(x, first + c0 + 16, w, rows, pl - c0 - 16,
+                                    w + pl - c0 - 16, total, careful)
+        else:  # a row of at most 16 columns
+            b = splat16(np.float32(-np.inf))
+        even = evens16(a, b)
+        odd = odds16(a, b)
+        m = max16(even, odd) if careful else larger16(even, odd)
+        c0 += 32
+        if c0 - pl < w:  # the next 32 columns' first vector
+            a, total = _window_rows(x, first + c0, w, rows, pl - c0, w + pl - c0, total,
+                                    careful)
+        else:
+            a = splat16(np.float32(-np.inf))
+        if kw == 3:  # its lane 0 is the last output's third tap
+            nxt = next16(even, a)
+            m = max16(m, nxt) if careful else larger16(m, nxt)
+        store16_masked(out, base + q, min(16, ow - q), m)
+        q += 16
+    return has_nan16(total)
 
 
 @cache
@@ -119,10 +112,9 @@ def max_pool_kernel(kh: int, kw: int):
     ``kernel(x, out, h, w, oh, ow, pl, h0, lo_h, hi_h)`` on flat planes: ``pl`` the begin pad
     of the columns, ``h0``, ``lo_h``, ``hi_h`` the window rows of each output row (``pool``'s
     tables: the rows ``h0[y] + lo_h[y]`` to ``h0[y] + hi_h[y]`` lie inside the image). Rows
-    whose window lies whole inside the image take a copy with its ``kh`` rows unrolled."""
-    whole = _output_row(kw, kh, False)
-    cut = _output_row(kw, -1, False)
-    careful = _output_row(kw, -1, True)
+    whose window lies whole inside the image pass ``kh`` as a constant (its rows unrolled).
+    Only the integers are closure constants: numba's on-disk cache keys a closure by its
+    constants, and a function among them (another kernel) would miss it in every process."""
 
     @jit(parallel=True)
     def kernel(x, out, h, w, oh, ow, pl, h0, lo_h, hi_h):
@@ -132,7 +124,10 @@ def max_pool_kernel(kh: int, kw: int):
                 first = p * h * w + (h0[y] + lo_h[y]) * w - pl
                 rows = hi_h[y] - lo_h[y]
                 base = p * oh * ow + y * ow
-                if whole(x, out, first, rows, w, pl, ow, base) if rows == kh else \
-                        cut(x, out, first, rows, w, pl, ow, base):
-                    careful(x, out, first, rows, w, pl, ow, base)
+                if rows == kh:
+                    nan = _output_row(x, out, first, kh, w, pl, ow, base, kw, False)
+                else:
+                    nan = _output_row(x, out, first, rows, w, pl, ow, base, kw, False)
+                if nan:
+                    _output_row(x, out, first, rows, w, pl, ow, base, kw, True)
     return kernel
