@@ -100,9 +100,9 @@ def test_one_thread_session_by_the_numba_register_tiles_agrees_with_onnxruntime(
     else:
         real = gemm._panel_product
 
-        def spy(b, *args):
+        def spy(b, *args, **kwargs):
             taken.append(b.shape)
-            return real(b, *args)
+            return real(b, *args, **kwargs)
         monkeypatch.setattr(gemm, "_panel_product", spy)
     _one_thread_session_agrees(name)
     if gemm is not None:

@@ -256,9 +256,9 @@ def test_mobilenet_v3_small_head_on_panels_and_stem_on_sixteen_channel_tiles(mon
     else:
         real_panels, real_run = gemm._panel_product, tiled.Tiled.run
 
-        def panel_product(b, *args):
+        def panel_product(b, *args, **kwargs):
             panels.append(b.shape)
-            return real_panels(b, *args)
+            return real_panels(b, *args, **kwargs)
 
         def run(self, X, *args):
             if self.kernel is tiled._tiles16:
