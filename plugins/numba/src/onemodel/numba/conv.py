@@ -2144,9 +2144,13 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
         return conv_at  # _run takes a kernel that reads the padding
     # writable weights on such a path are checked per call: an update may make one infinite
     checked = path in _SKIPS_PADDING and not _immutable(w_ready)
-    from . import depthwise_lanes
+    from . import depthwise_lanes, depthwise_rows
 
-    if not _jit._parallel and not checked and _immutable(w_ready) and \
+    if not _jit._parallel and _immutable(w_ready) and \
+            depthwise_rows.fits(plan, xshape, dtype, group):
+        kernel = depthwise_rows.rows(k[0], k[1])  # (multiplies the padding: any weights)
+        args = (np.ascontiguousarray(w_ready), b_ready, has_bias, pb[0], pb[1], act)
+    elif not _jit._parallel and not checked and _immutable(w_ready) and \
             depthwise_lanes.fits(plan, xshape, dtype, group):
         geometry = depthwise_lanes.Geometry(plan, xshape)
         kernel = depthwise_lanes.lanes
