@@ -212,16 +212,25 @@ def test_efficientnet_with_silu_fused_and_channel_lanes_agrees_with_onnxruntime(
 
 @pytest.mark.torch
 def test_depthwise_lanes_and_pointwise_tiles_agree_with_onnxruntime(monkeypatch):
-    """MNASNet at 2x3x64x64: the numba plugin runs its strided depthwise convolutions and
-    those over 8x8 and smaller planes with eight channels in vector lanes, and its small 1x1
-    convolutions on register tiles (when the CPU has AVX2 and FMA); the whole network agrees
-    with onnxruntime."""
-    planned, pointwise = [], []
+    """MNASNet at 2x3x64x64: the numba plugin runs its depthwise convolutions over 8x8 and
+    smaller planes with eight channels in vector lanes, its 3x3 ones over 16x16 and 32x32
+    planes on sixteen-lane rows where the CPU has AVX-512 (else the strided one in lanes too),
+    and its small 1x1 convolutions on register tiles (when the CPU has AVX2 and FMA); the
+    whole network agrees with onnxruntime."""
+    planned, pointwise, rows = [], [], []
     try:
-        from onemodel.numba import conv, depthwise_lanes
+        from onemodel.numba import conv, depthwise_lanes, depthwise_rows
     except ImportError:  # the core without the plugin: the reference kernels
         depthwise_lanes = None
     else:
+        real_kernel = depthwise_rows.kernel
+
+        def rows_kernel(plan, xshape, *args):
+            found = real_kernel(plan, xshape, *args)
+            if found is not None:
+                rows.append(tuple(xshape))
+            return found
+        monkeypatch.setattr(depthwise_rows, "kernel", rows_kernel)
         class Recorded(depthwise_lanes.Geometry):
             def __init__(self, plan, xshape):
                 planned.append(tuple(xshape))
@@ -235,10 +244,15 @@ def test_depthwise_lanes_and_pointwise_tiles_agree_with_onnxruntime(monkeypatch)
         monkeypatch.setattr(conv, "_pointwise_site", pointwise_site)
     _agrees_with_onnxruntime("tv_mnasnet", (2, 3, 64, 64), seed=8)
     if depthwise_lanes is not None and depthwise_lanes.host_has_fma():
-        # (2, 24, 32, 32): 3x3 at stride 2; (2, 240, 4, 4): 5x5 over 4x4
-        assert {(2, 24, 32, 32), (2, 240, 4, 4)} <= set(planned), sorted(set(planned))
         # pixel lanes over 16x16 planes, channel lanes over 2x2 planes
         assert {(2, 16, 16, 16), (2, 96, 2, 2)} <= set(pointwise), sorted(set(pointwise))
+    if depthwise_lanes is not None and depthwise_rows.host_has_avx512():
+        # (2, 24, 32, 32): 3x3 at stride 2; (2, 48, 16, 16): 3x3 at stride 1
+        assert {(2, 24, 32, 32), (2, 48, 16, 16)} <= set(rows), sorted(set(rows))
+        assert (2, 240, 4, 4) in planned, sorted(set(planned))  # 5x5 over 4x4: the lanes
+    elif depthwise_lanes is not None and depthwise_lanes.host_has_fma():
+        # (2, 24, 32, 32): 3x3 at stride 2; (2, 240, 4, 4): 5x5 over 4x4
+        assert {(2, 24, 32, 32), (2, 240, 4, 4)} <= set(planned), sorted(set(planned))
 
 
 @pytest.mark.torch

@@ -3,7 +3,9 @@ against the reference kernel and PyTorch: strides, dilations, uneven pads, 3x3 t
 planes narrower than eight columns and pixel counts that leave pixels after the tiles of eight,
 every activation, with and without bias and ``out=``, infinite and NaN values where the
 reference has them; taken only for float32 constant weights with a multiple of eight channels
-on one thread, over the shapes :func:`depthwise_lanes.fits` admits."""
+on one thread, over the shapes :func:`depthwise_lanes.fits` admits. On AVX-512 CPUs some of
+them go by ``depthwise_rows`` instead: here that choice is switched off to test the lanes on
+every CPU, and test_depthwise_rows.py tests it."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 from conv_arrays import assert_call_agrees, conv_arrays, file_constant
 
-from onemodel.numba import conv, depthwise_lanes
+from onemodel.numba import conv, depthwise_lanes, depthwise_rows
 from onemodel.numba._simd import host_has_fma
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
@@ -30,8 +32,9 @@ PLANNED: list[tuple] = []  # the inputs whose planned calls were laid out for th
 
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch, no_small_convolutions, serial):
-    """Serial kernels (the lanes run on one thread only), small shapes admitted; the planned
-    calls that take the lanes recorded."""
+    """Serial kernels (the lanes run on one thread only), small shapes admitted, the rows
+    kernels off; the planned calls that take the lanes recorded."""
+    monkeypatch.setattr(depthwise_rows, "kernel", lambda *args: None)
 
     class Recorded(depthwise_lanes.Geometry):
         def __init__(self, plan, xshape):

@@ -2146,9 +2146,10 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
     checked = path in _SKIPS_PADDING and not _immutable(w_ready)
     from . import depthwise_lanes, depthwise_rows
 
-    if not _jit._parallel and _immutable(w_ready) and \
-            depthwise_rows.fits(plan, xshape, dtype, group):
-        kernel = depthwise_rows.rows(k[0], k[1])  # (multiplies the padding: any weights)
+    rows = depthwise_rows.kernel(plan, xshape, dtype, group) \
+        if not _jit._parallel and _immutable(w_ready) else None
+    if rows is not None:
+        kernel = rows  # (multiplies the padding: any weights)
         args = (np.ascontiguousarray(w_ready), b_ready, has_bias, pb[0], pb[1], act)
     elif not _jit._parallel and not checked and _immutable(w_ready) and \
             depthwise_lanes.fits(plan, xshape, dtype, group):
