@@ -93,7 +93,10 @@ class DType(enum.Enum):
     @classmethod
     def lookup(cls, dtype) -> DType | None:
         """The DType of a numpy dtype, or None where OneModel has none (no error raised)."""
-        return _FROM_NUMPY.get(dtype)
+        try:
+            return _FROM_NUMPY[dtype]  # a hit is a plain dict lookup; a miss may load the rest
+        except (KeyError, TypeError):
+            return None
 
     @classmethod
     def of(cls, value) -> DType:
@@ -133,12 +136,6 @@ class _DTypeOf(dict):
         if "ml_dtypes" in sys.modules and _load_narrow_types():
             return self[key]
         raise KeyError(key)
-
-    def get(self, key, default=None):
-        try:
-            return self[key]
-        except (KeyError, TypeError):
-            return default
 
 
 _NARROW = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
@@ -212,7 +209,7 @@ def cast_array(x: np.ndarray, to: DType, saturate: bool = True,
     src = x.dtype
     if src == target:
         return x.copy()
-    sdt = _FROM_NUMPY.get(src)
+    sdt = DType.lookup(src)
     if sdt in STORAGE:
         # widen exactly first: every value of these types is a float32 (int8 for the integers)
         x = x.astype(np.int8 if sdt in SUB_BYTE_INT else np.float32)

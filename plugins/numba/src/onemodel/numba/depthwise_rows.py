@@ -1,4 +1,4 @@
-"""Depthwise convolutions at stride 1 on sixteen-lane rows (AVX-512), in NCHW as they lie.
+"""Depthwise 3x3 convolutions on sixteen-lane rows (AVX-512), in NCHW as they lie.
 
 Each plane is copied into a zero-bordered plane (its margins zeroed once), and an output row's
 vector of sixteen pixels is the sum over the window's taps of the weight times the bordered
@@ -16,8 +16,6 @@ dilation, over the planes :func:`kernel` admits; measured in docs/benchmarks.md,
 "Twenty-sixth round"."""
 
 from __future__ import annotations
-
-from functools import cache
 
 import numpy as np
 
@@ -64,7 +62,7 @@ def kernel(plan, xshape, dtype, group):
             host_has_avx512()):
         return None
     if tuple(s) == (1, 1) and MIN_WIDTH <= ow <= MAX_WIDTH:
-        return rows(3, 3)
+        return rows
     if tuple(s) == (2, 2) and STRIDED_WIDTHS[0] <= ow <= STRIDED_WIDTHS[1]:
         return rows2
     return None
@@ -85,99 +83,106 @@ def _copy_in(xf, src, h, wd, plane, pt, pl, wpad):
                            load16_masked(xf, src + r * wd + col, 0, wd - col, zero))
 
 
-@cache
-def rows(kh: int, kw: int):
-    """The kernel of (kh, kw) windows, their loops unrolled: ``kernel(x, w, bias, has_bias,
-    pt, pl, act, y)``. Only integers are closed over, so numba's on-disk cache keeps it."""
-
-    @jit()
-    def kernel(x, w, bias, has_bias, pt, pl, act, y):
-        n_img, c, h, wd = x.shape
-        oh, ow = y.shape[2], y.shape[3]
-        xf = x.reshape(x.size)
-        yf = y.reshape(y.size)
-        wf = w.reshape(w.size)
-        zero = np.float32(0)
-        wpad = -(-(ow + kw - 1) // 16) * 16  # rows whole vectors apart
-        hpad = -(-oh // ROWS) * ROWS + kh - 1
-        size = hpad * wpad + 16
-        planes = np.zeros(2 * size, np.float32)
-        _copy_in(xf, 0, h, wd, planes[:size], pt, pl, wpad)
-        for p in range(n_img * c):
-            plane = planes[(p % 2) * size:(p % 2 + 1) * size]
-            if p + 1 < n_img * c:
-                _copy_in(xf, (p + 1) * h * wd, h, wd,
-                         planes[((p + 1) % 2) * size:((p + 1) % 2 + 1) * size], pt, pl, wpad)
-            ch = p % c
-            wb = ch * kh * kw
-            b = splat16(bias[ch] if has_bias else zero)
-            dst = p * oh * ow
-            for x0 in range(0, ow, 16):
-                lanes = min(16, ow - x0)
-                for y0 in range(0, oh, ROWS):
-                    a0, a1, a2, a3, a4, a5, a6, a7 = b, b, b, b, b, b, b, b
-                    for i in range(kh):
-                        row = (y0 + i) * wpad + x0
-                        for j in range(kw):
-                            s = splat16(wf[U(wb + i * kw + j)])
-                            at = row + j
-                            a0 = fma16(s, load16(plane, U(at)), a0)
-                            a1 = fma16(s, load16(plane, U(at + wpad)), a1)
-                            a2 = fma16(s, load16(plane, U(at + 2 * wpad)), a2)
-                            a3 = fma16(s, load16(plane, U(at + 3 * wpad)), a3)
-                            a4 = fma16(s, load16(plane, U(at + 4 * wpad)), a4)
-                            a5 = fma16(s, load16(plane, U(at + 5 * wpad)), a5)
-                            a6 = fma16(s, load16(plane, U(at + 6 * wpad)), a6)
-                            a7 = fma16(s, load16(plane, U(at + 7 * wpad)), a7)
-                    o = dst + y0 * ow + x0
-                    left = oh - y0  # rows of this group inside the output
-                    store16_masked(yf, o, lanes, a0)
-                    if left > 1:
-                        store16_masked(yf, o + ow, lanes, a1)
-                    if left > 2:
-                        store16_masked(yf, o + 2 * ow, lanes, a2)
-                    if left > 3:
-                        store16_masked(yf, o + 3 * ow, lanes, a3)
-                    if left > 4:
-                        store16_masked(yf, o + 4 * ow, lanes, a4)
-                    if left > 5:
-                        store16_masked(yf, o + 5 * ow, lanes, a5)
-                    if left > 6:
-                        store16_masked(yf, o + 6 * ow, lanes, a6)
-                    if left > 7:
-                        store16_masked(yf, o + 7 * ow, lanes, a7)
-        _activate_in_place(yf, 0, yf.shape[0], act, zero)
-    return kernel
+@jit()
+def _plane(planes, p, size):
+    """Plane ``p``'s bordered plane: two of them alternate (the next is copied while one is
+    read)."""
+    at = (p % 2) * size
+    return planes[at:at + size]
 
 
 @jit()
-def rows2(x, w, bias, has_bias, pt, pl, act, y):
-    """:func:`rows` for 3x3 windows at stride 2: an output vector's sixteen pixels read the
-    bordered row's 33 columns from twice its first; two shuffles split the first 32 into even
-    and odd columns, so the taps are ``even[q]``, ``odd[q]`` and ``even[q + 1]`` (the strided
-    pools' shuffles, ``pool_strided``)."""
+def _store_group(yf, o, ow, lanes, left, a0, a1, a2, a3, a4, a5, a6, a7):
+    """A group's output rows from ``o`` (``ow`` apart), ``lanes`` pixels of each, its first
+    ``left`` rows only (the others lie past the plane)."""
+    store16_masked(yf, o, lanes, a0)
+    if left > 1:
+        store16_masked(yf, o + ow, lanes, a1)
+    if left > 2:
+        store16_masked(yf, o + 2 * ow, lanes, a2)
+    if left > 3:
+        store16_masked(yf, o + 3 * ow, lanes, a3)
+    if left > 4:
+        store16_masked(yf, o + 4 * ow, lanes, a4)
+    if left > 5:
+        store16_masked(yf, o + 5 * ow, lanes, a5)
+    if left > 6:
+        store16_masked(yf, o + 6 * ow, lanes, a6)
+    if left > 7:
+        store16_masked(yf, o + 7 * ow, lanes, a7)
+
+
+@jit()
+def rows(x, w, bias, has_bias, pt, pl, act, y):
+    """y = act(depthwise(x, w) + bias) for C-contiguous float32 ``x`` (N, C, H, W), ``w``
+    (C, 1, 3, 3) and ``y`` (N, C, OH, OW) at stride 1; ``pt``, ``pl``: the begin pads."""
     n_img, c, h, wd = x.shape
     oh, ow = y.shape[2], y.shape[3]
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
     wf = w.reshape(w.size)
     zero = np.float32(0)
-    wpad = 32 * -(-ow // 16) + 16  # the third vector of the last block reads inside it
-    hpad = 2 * (-(-oh // ROWS) * ROWS) + 2
+    # the bordered plane holds what the output groups read and the whole input (its size,
+    # not the pads' rule, keeps the copy inside), rows whole vectors apart
+    wpad = -(-max(ow + 2, wd + pl) // 16) * 16
+    hpad = max(-(-oh // ROWS) * ROWS + 2, h + pt)
     size = hpad * wpad + 16
     planes = np.zeros(2 * size, np.float32)
-    _copy_in(xf, 0, h, wd, planes[:size], pt, pl, wpad)
+    _copy_in(xf, 0, h, wd, _plane(planes, 0, size), pt, pl, wpad)
     for p in range(n_img * c):
-        plane = planes[(p % 2) * size:(p % 2 + 1) * size]
+        plane = _plane(planes, p, size)
         if p + 1 < n_img * c:
-            _copy_in(xf, (p + 1) * h * wd, h, wd,
-                             planes[((p + 1) % 2) * size:((p + 1) % 2 + 1) * size], pt, pl,
-                             wpad)
+            _copy_in(xf, (p + 1) * h * wd, h, wd, _plane(planes, p + 1, size), pt, pl, wpad)
         ch = p % c
         b = splat16(bias[ch] if has_bias else zero)
         dst = p * oh * ow
         for x0 in range(0, ow, 16):
-            lanes = min(16, ow - x0)
+            for y0 in range(0, oh, ROWS):
+                a0, a1, a2, a3, a4, a5, a6, a7 = b, b, b, b, b, b, b, b
+                for i in range(3):
+                    row = (y0 + i) * wpad + x0
+                    for j in range(3):
+                        s = splat16(wf[U(ch * 9 + i * 3 + j)])
+                        at = row + j
+                        a0 = fma16(s, load16(plane, U(at)), a0)
+                        a1 = fma16(s, load16(plane, U(at + wpad)), a1)
+                        a2 = fma16(s, load16(plane, U(at + 2 * wpad)), a2)
+                        a3 = fma16(s, load16(plane, U(at + 3 * wpad)), a3)
+                        a4 = fma16(s, load16(plane, U(at + 4 * wpad)), a4)
+                        a5 = fma16(s, load16(plane, U(at + 5 * wpad)), a5)
+                        a6 = fma16(s, load16(plane, U(at + 6 * wpad)), a6)
+                        a7 = fma16(s, load16(plane, U(at + 7 * wpad)), a7)
+                _store_group(yf, dst + y0 * ow + x0, ow, min(16, ow - x0), oh - y0,
+                             a0, a1, a2, a3, a4, a5, a6, a7)
+    _activate_in_place(yf, 0, yf.shape[0], act, zero)
+
+
+@jit()
+def rows2(x, w, bias, has_bias, pt, pl, act, y):
+    """:func:`rows` at stride 2: an output vector's sixteen pixels read the bordered row's 33
+    columns from twice its first; two shuffles split the first 32 into even and odd columns,
+    so the taps are ``even[q]``, ``odd[q]`` and ``even[q + 1]`` (the strided pools'
+    shuffles, ``pool_strided``)."""
+    n_img, c, h, wd = x.shape
+    oh, ow = y.shape[2], y.shape[3]
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    wf = w.reshape(w.size)
+    zero = np.float32(0)
+    # as in rows; a block's third vector (16 columns past its 32) reads inside it too
+    wpad = max(32 * -(-ow // 16) + 16, -(-(wd + pl) // 16) * 16)
+    hpad = max(2 * (-(-oh // ROWS) * ROWS) + 2, h + pt)
+    size = hpad * wpad + 16
+    planes = np.zeros(2 * size, np.float32)
+    _copy_in(xf, 0, h, wd, _plane(planes, 0, size), pt, pl, wpad)
+    for p in range(n_img * c):
+        plane = _plane(planes, p, size)
+        if p + 1 < n_img * c:
+            _copy_in(xf, (p + 1) * h * wd, h, wd, _plane(planes, p + 1, size), pt, pl, wpad)
+        ch = p % c
+        b = splat16(bias[ch] if has_bias else zero)
+        dst = p * oh * ow
+        for x0 in range(0, ow, 16):
             for y0 in range(0, oh, ROWS):
                 a0, a1, a2, a3, a4, a5, a6, a7 = b, b, b, b, b, b, b, b
                 for i in range(3):
@@ -193,23 +198,8 @@ def rows2(x, w, bias, has_bias, pt, pl, act, y):
                     a5 = _taps3(plane, at + 10 * wpad, w0, w1, w2, a5)
                     a6 = _taps3(plane, at + 12 * wpad, w0, w1, w2, a6)
                     a7 = _taps3(plane, at + 14 * wpad, w0, w1, w2, a7)
-                o = dst + y0 * ow + x0
-                left = oh - y0
-                store16_masked(yf, o, lanes, a0)
-                if left > 1:
-                    store16_masked(yf, o + ow, lanes, a1)
-                if left > 2:
-                    store16_masked(yf, o + 2 * ow, lanes, a2)
-                if left > 3:
-                    store16_masked(yf, o + 3 * ow, lanes, a3)
-                if left > 4:
-                    store16_masked(yf, o + 4 * ow, lanes, a4)
-                if left > 5:
-                    store16_masked(yf, o + 5 * ow, lanes, a5)
-                if left > 6:
-                    store16_masked(yf, o + 6 * ow, lanes, a6)
-                if left > 7:
-                    store16_masked(yf, o + 7 * ow, lanes, a7)
+                _store_group(yf, dst + y0 * ow + x0, ow, min(16, ow - x0), oh - y0,
+                             a0, a1, a2, a3, a4, a5, a6, a7)
     _activate_in_place(yf, 0, yf.shape[0], act, zero)
 
 

@@ -125,12 +125,17 @@ def _planned_gemm(site: CallSite, attrs: dict, activation: str):
     b = site.values[1] if len(site.values) > 1 else None
     trans_b = attrs.get("transB", 0)
     rows_by_k = _rows_by_k(site, attrs, out_shape)
-    c_const = site.values[2] if has_bias else None
-    if _gemm_panels_fit(site, attrs, b, out_shape) and act in (0, ACT_CODES["Relu"]) and (
-            not has_bias or (isinstance(c_const, np.ndarray) and c_const.dtype == dtype and
-                             c_const.ndim == 1 and _immutable(c_const))):
-        return _whole_on_panels(b, trans_b, a_shape, out_shape, c_const, act, generic)
-    if _gemm_panels_fit(site, attrs, b, out_shape):
+    panels_fit = _gemm_panels_fit(site, attrs, b, out_shape)
+    # the plan's own bias as the contiguous row the kernels take (none: no_bias), else None
+    c_const = site.values[2] if has_bias else no_bias
+    if not (isinstance(c_const, np.ndarray) and c_const.dtype == dtype and c_const.ndim == 1
+            and c_const.flags.c_contiguous):
+        c_const = None
+    if panels_fit and act in (0, ACT_CODES["Relu"]) and (
+            not has_bias or (c_const is not None and _immutable(c_const))):
+        return _whole_on_panels(b, trans_b, a_shape, out_shape, c_const if has_bias else None,
+                                act, generic)
+    if panels_fit:
         panel = _panel_product(b, trans_b, a_shape, out_shape,
                                lambda A, B, out=None, blas=product: blas(A, B, None, out=out))
 
@@ -138,12 +143,7 @@ def _planned_gemm(site: CallSite, attrs: dict, activation: str):
             return panel(A, B, out=out)
     elif rows_by_k is not None:
         product = _skinny_product(rows_by_k, site.values[1], a_shape, out_shape, product)
-    # the bias whose calls run the epilogue's machine code bound at the first (_jit.entry):
-    # none, or the plan's constant as the contiguous row the kernel takes
-    c_const = site.values[2] if has_bias else no_bias
-    if not (isinstance(c_const, np.ndarray) and c_const.dtype == dtype and c_const.ndim == 1
-            and c_const.flags.c_contiguous):
-        c_const = None
+    # calls with that bias run the epilogue's machine code bound at the first (_jit.entry)
     bound = [None]
 
     def fused_gemm_at(A, B, C=None, out=None):
