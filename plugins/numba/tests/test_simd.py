@@ -3,7 +3,8 @@ at unaligned offsets, broadcasts, fused multiply-adds rounded once, and the 8x8 
 between runs of any stride; anything but a 1-D C-contiguous float32 array (a strided view
 would be read as if contiguous) is refused when the kernel is typed. The sixteen-lane row
 operations of the strided pools: masked loads and stores, the even/odd/next shuffles, the two
-maxima and the NaN test."""
+maxima and the NaN test. The Relu and sum the 1x1 tiles finish their sums with; the product, lane selection and
+maximum over lanes of the attention rows."""
 
 from __future__ import annotations
 
@@ -12,16 +13,23 @@ import numpy as np
 import pytest
 
 from onemodel.numba._simd import (
+    add8,
     add16,
     evens16,
+    first8,
     fma8,
     has_nan16,
+    hmax8,
     larger16,
     load8,
+    load16,
     load16_masked,
     max16,
+    mul8,
     next16,
     odds16,
+    relu8,
+    relu16,
     splat8,
     store8,
     store16,
@@ -132,3 +140,59 @@ def test_sixteen_lane_row_operations_compute_what_numpy_computes(at, lo, hi, n):
     np.testing.assert_array_equal(out[96:112], a + b)
     np.testing.assert_array_equal(out[112:128], np.where(lanes < n, b, np.float32(99.0)))
     assert (nan_a, nan_b) == (bool(np.isnan(a).any()), True)
+
+
+@numba.njit(cache=False)
+def _finished(x, y, out8, out16):
+    """relu(x + y) by the eight- and sixteen-lane operations, vector by vector."""
+    for i in range(0, x.shape[0], 8):
+        store8(out8, i, relu8(add8(load8(x, i), load8(y, i))))
+    for i in range(0, x.shape[0], 16):
+        store16(out16, i, relu16(add16(load16(x, i), load16(y, i))))
+
+
+def test_relu_keeps_nan_and_negative_zero_as_the_kernels_relu_does():
+    """The lanes' Relu is conv.py's ``zero if v < zero else v`` bit for bit: NaN stays NaN,
+    -0.0 stays -0.0 (``np.maximum(v, 0)`` would give +0.0), -inf becomes 0."""
+    x = np.array([1.5, -2.0, -0.0, 0.0, np.nan, -np.inf, np.inf, 3e-45] * 4, np.float32)
+    y = np.zeros(32, np.float32)
+    y[::3] = np.float32(-0.0)
+    y[8:16] = -x[8:16]  # sums of exactly zero, and inf - inf = NaN
+    out8 = np.full(32, 7.0, np.float32)
+    out16 = np.full(32, 7.0, np.float32)
+    _finished(x, y, out8, out16)
+    s = x + y
+    want = np.where(s < 0, np.float32(0), s)
+    assert np.isnan(want).sum() == 6 and (np.signbit(want) & (want == 0)).any()
+    np.testing.assert_array_equal(out8.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(out16.view(np.uint32), want.view(np.uint32))
+
+
+@numba.njit(cache=False)
+def _row_ops(x, y, n, out):
+    """mul8 and first8 stored, and hmax8 of x's vector returned."""
+    a = load8(x, 0)
+    store8(out, 0, mul8(a, load8(y, 0)))
+    store8(out, 8, first8(a, n, np.float32(-np.inf)))
+    return hmax8(a)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 8])
+def test_row_maximum_operations_compute_what_numpy_computes(n):
+    """first8 keeps the first n lanes; hmax8 is the largest lane, NaN as soon as one lane is
+    NaN wherever it lies, and -inf only for a vector of -inf."""
+    x = np.array([0.5, -3.0, 7.25, -0.0, 2.0, np.inf, -1.0, 6.0], np.float32)
+    y = np.array([2.0, 0.5, -1.0, 3.0, np.nan, 0.0, -0.0, 1.0], np.float32)
+    out = np.zeros(16, np.float32)
+    assert _row_ops(x, y, n, out) == np.inf
+    np.testing.assert_array_equal(out[:8], x * y)
+    np.testing.assert_array_equal(out[8:], np.where(np.arange(8) < n, x, -np.inf))
+    for lane in range(8):
+        z = x.copy()
+        z[5] = 1.0
+        z[lane] = np.nan
+        assert np.isnan(_row_ops(z, y, n, out))
+    z = np.full(8, -np.inf, np.float32)
+    assert _row_ops(z, y, n, out) == -np.inf
+    z[3] = -2.5
+    assert _row_ops(z, y, n, out) == -2.5

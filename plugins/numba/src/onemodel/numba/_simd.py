@@ -14,6 +14,10 @@ intrinsic; the type has no Python value and never leaves a compiled function.
 - ``fma8(a, b, c)``: ``a * b + c`` lane by lane, rounded once (``llvm.fma``).
 - ``transpose8x8(src, s0, sstride, dst, d0, dstride)``: eight runs of eight read, transposed
   in registers, written as eight runs.
+- ``add8(a, b)``: ``a + b``; ``relu8(v)``: conv.py's Relu lane by lane, for kernels that
+  finish their sums in registers before storing them.
+- ``mul8(a, b)``: ``a * b``; ``first8(v, n, fill)``: ``v``'s first ``n`` lanes, ``fill`` in
+  the rest; ``hmax8(v)``: the largest lane, NaN if one is NaN: a row's maximum over vectors.
 
 ``F32x16`` with ``load16``, ``store16``, ``splat16`` and ``fma16`` is the same for sixteen
 lanes (one AVX-512 register), for kernels chosen only where :func:`host_has_avx512` says the
@@ -21,7 +25,7 @@ CPU has them and numba's code generation keeps them whole (``_jit.WIDE_VECTORS``
 
 - ``max16(a, v)``: :func:`max8`'s running maximum on sixteen lanes; ``larger16(a, v)``: ``v``
   where ``v > a``, ``a`` elsewhere (one ``vmaxps``: a NaN in ``v`` is dropped), for kernels
-  that check for NaN apart: ``add16(a, b)`` and ``has_nan16(v)``.
+  that check for NaN apart: ``add16(a, b)`` and ``has_nan16(v)``; ``relu16(v)``.
 - ``load16_masked(a, i, lo, hi, fill)``: lane ``l`` is ``a[i + l]`` where ``lo <= l < hi``,
   ``fill`` elsewhere; the lanes outside are not read, so ``i`` may point before ``a`` or
   ``i + 16`` past it (AVX-512's masked loads). ``store16_masked(a, i, n, v)`` writes lanes
@@ -165,6 +169,76 @@ def fma8(typingctx, a, b, c):
 
 
 @intrinsic
+def add8(typingctx, a, b):
+    """``a + b`` lane by lane."""
+    if not (a == b == f32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+    return f32x8(f32x8, f32x8), codegen
+
+
+@intrinsic
+def relu8(typingctx, v):
+    """``0`` in the lanes where ``v < 0``, ``v`` elsewhere: conv.py's Relu lane by lane (NaN
+    and -0.0 stay as they are)."""
+    if v != f32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        zero = ir.Constant(_VEC, [0.0] * LANES)
+        return builder.select(builder.fcmp_ordered("<", args[0], zero), zero, args[0])
+    return f32x8(f32x8), codegen
+
+
+@intrinsic
+def mul8(typingctx, a, b):
+    """``a * b`` lane by lane."""
+    if not (a == b == f32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+    return f32x8(f32x8, f32x8), codegen
+
+
+@intrinsic
+def first8(typingctx, v, n, fill):
+    """``v`` in lanes ``l < n``, the float32 ``fill`` in the others: a row's last vector with
+    the lanes past its end set aside."""
+    if v != f32x8 or not isinstance(n, types.Integer) or fill != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v_, n_, fill_ = args
+        i64 = ir.IntType(64)
+        lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
+        count = _splat(builder, context.cast(builder, n_, sig.args[1], types.int64),
+                       ir.VectorType(i64, LANES))
+        return builder.select(builder.icmp_signed("<", lanes, count), v_,
+                              _splat(builder, fill_, _VEC))
+    return f32x8(f32x8, n, types.float32), codegen
+
+
+@intrinsic
+def hmax8(typingctx, v):
+    """The largest of the eight lanes, NaN if one is NaN (:func:`max8` over the lanes)."""
+    if v != f32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        m = builder.extract_element(args[0], ir.Constant(i32, 0))
+        for lane in range(1, LANES):
+            x = builder.extract_element(args[0], ir.Constant(i32, lane))
+            take = builder.or_(builder.fcmp_ordered(">", x, m), builder.fcmp_unordered("uno", x, x))
+            m = builder.select(take, x, m)
+        return m
+    return types.float32(f32x8), codegen
+
+
+@intrinsic
 def max8(typingctx, a, v):
     """``v`` in the lanes where it is greater than ``a`` or NaN, ``a`` elsewhere: a running
     maximum in which NaN wins and stays, and ties keep the earlier value (the pooling
@@ -267,6 +341,18 @@ def add16(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.fadd(args[0], args[1])
     return f32x16(f32x16, f32x16), codegen
+
+
+@intrinsic
+def relu16(typingctx, v):
+    """:func:`relu8` on sixteen lanes."""
+    if v != f32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        zero = ir.Constant(args[0].type, [0.0] * 16)
+        return builder.select(builder.fcmp_ordered("<", args[0], zero), zero, args[0])
+    return f32x16(f32x16), codegen
 
 
 @intrinsic

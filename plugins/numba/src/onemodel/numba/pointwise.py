@@ -18,8 +18,9 @@ enough to fill the lanes:
   broadcast. For wide outputs over a handful of pixels (1x1 and 2x2 planes), whose pixels
   would leave most lanes empty.
 
-The bias starts the sums; the activation runs over the output after. Chosen by :func:`fits`
-where it measured faster than the plan's other kernels (``python
+The bias starts the sums. The pixel lanes add a residual and apply a Relu in registers before
+they store; other activations, and the channel lanes' outputs, are activated over the output
+after. Chosen by :func:`fits` where it measured faster than the plan's other kernels (``python
 benchmarks/tiled_conv.py``; docs/benchmarks.md, "Twentieth round")."""
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import jit
-from ._simd import fma8, fma16, host_has_avx512, host_has_fma, load8, load16, splat8, splat16, store8, store16
+from ._simd import (add8, add16, fma8, fma16, host_has_avx512, host_has_fma, load8, load16, relu8,
+                    relu16, splat8, splat16, store8, store16)
 
 # the kernels compile conv._activate_in_place into their own machine code; numba would keep
 # that code cached after a change to conv.py alone, so the package's cache is dropped
@@ -116,7 +118,7 @@ def packed_weights(w: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, 
 
 @jit()
 def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, o0, ostride,
-                    panel):
+                    panel, relu, zf, has_z):
     """of[o0 + m * ostride + q] = bias[m] + sum over c of wf[m * c_in + c] *
     xf[x0 + c * xstride + q], for m < m_out and q < 8 * vecs: four output channels by three
     vectors of eight pixels per tile (two or one vector at the row's end, one channel at a
@@ -177,21 +179,21 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
                     a30 = fma8(s, x0v, a30)
                     a31 = fma8(s, x1v, a31)
                     a32 = fma8(s, x2v, a32)
-                store8(of, U(ob), a00)
-                store8(of, U(ob + 8), a01)
-                store8(of, U(ob + 16), a02)
+                _put8(of, U(ob), a00, relu, zf, has_z)
+                _put8(of, U(ob + 8), a01, relu, zf, has_z)
+                _put8(of, U(ob + 16), a02, relu, zf, has_z)
                 ob += ostride
-                store8(of, U(ob), a10)
-                store8(of, U(ob + 8), a11)
-                store8(of, U(ob + 16), a12)
+                _put8(of, U(ob), a10, relu, zf, has_z)
+                _put8(of, U(ob + 8), a11, relu, zf, has_z)
+                _put8(of, U(ob + 16), a12, relu, zf, has_z)
                 ob += ostride
-                store8(of, U(ob), a20)
-                store8(of, U(ob + 8), a21)
-                store8(of, U(ob + 16), a22)
+                _put8(of, U(ob), a20, relu, zf, has_z)
+                _put8(of, U(ob + 8), a21, relu, zf, has_z)
+                _put8(of, U(ob + 16), a22, relu, zf, has_z)
                 ob += ostride
-                store8(of, U(ob), a30)
-                store8(of, U(ob + 8), a31)
-                store8(of, U(ob + 16), a32)
+                _put8(of, U(ob), a30, relu, zf, has_z)
+                _put8(of, U(ob + 8), a31, relu, zf, has_z)
+                _put8(of, U(ob + 16), a32, relu, zf, has_z)
             elif four and nv == 2:  # the row's last two vectors
                 a00, a01 = b0, b0
                 a10, a11 = b1, b1
@@ -213,17 +215,17 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
                     s = splat8(wf[U(w3 + c)])
                     a30 = fma8(s, x0v, a30)
                     a31 = fma8(s, x1v, a31)
-                store8(of, U(ob), a00)
-                store8(of, U(ob + 8), a01)
+                _put8(of, U(ob), a00, relu, zf, has_z)
+                _put8(of, U(ob + 8), a01, relu, zf, has_z)
                 ob += ostride
-                store8(of, U(ob), a10)
-                store8(of, U(ob + 8), a11)
+                _put8(of, U(ob), a10, relu, zf, has_z)
+                _put8(of, U(ob + 8), a11, relu, zf, has_z)
                 ob += ostride
-                store8(of, U(ob), a20)
-                store8(of, U(ob + 8), a21)
+                _put8(of, U(ob), a20, relu, zf, has_z)
+                _put8(of, U(ob + 8), a21, relu, zf, has_z)
                 ob += ostride
-                store8(of, U(ob), a30)
-                store8(of, U(ob + 8), a31)
+                _put8(of, U(ob), a30, relu, zf, has_z)
+                _put8(of, U(ob + 8), a31, relu, zf, has_z)
             elif four:  # the row's last vector
                 a00, a10, a20, a30 = b0, b1, b2, b3
                 for c in range(c_in):
@@ -232,10 +234,10 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
                     a10 = fma8(splat8(wf[U(w1 + c)]), x0v, a10)
                     a20 = fma8(splat8(wf[U(w2 + c)]), x0v, a20)
                     a30 = fma8(splat8(wf[U(w3 + c)]), x0v, a30)
-                store8(of, U(ob), a00)
-                store8(of, U(ob + ostride), a10)
-                store8(of, U(ob + 2 * ostride), a20)
-                store8(of, U(ob + 3 * ostride), a30)
+                _put8(of, U(ob), a00, relu, zf, has_z)
+                _put8(of, U(ob + ostride), a10, relu, zf, has_z)
+                _put8(of, U(ob + 2 * ostride), a20, relu, zf, has_z)
+                _put8(of, U(ob + 3 * ostride), a30, relu, zf, has_z)
             elif nv == 3:  # one of the last (m_out % 4) channels: three vectors
                 a00, a01, a02 = b0, b0, b0
                 for c in range(c_in):
@@ -244,23 +246,23 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
                     a00 = fma8(s, load8(src, U(xc)), a00)
                     a01 = fma8(s, load8(src, U(xc + 8)), a01)
                     a02 = fma8(s, load8(src, U(xc + 16)), a02)
-                store8(of, U(ob), a00)
-                store8(of, U(ob + 8), a01)
-                store8(of, U(ob + 16), a02)
+                _put8(of, U(ob), a00, relu, zf, has_z)
+                _put8(of, U(ob + 8), a01, relu, zf, has_z)
+                _put8(of, U(ob + 16), a02, relu, zf, has_z)
             else:  # one of the last channels, a vector at a time
                 for t in range(nv):
                     a00 = b0
                     for c in range(c_in):
                         a00 = fma8(splat8(wf[U(w0 + c)]), load8(src, U(base + 8 * t + c * stride)),
                                    a00)
-                    store8(of, U(ob + 8 * t), a00)
+                    _put8(of, U(ob + 8 * t), a00, relu, zf, has_z)
             m += 4 if four else 1
         v += nv
 
 
 @jit()
 def _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, o0, ostride,
-                      panel):
+                      panel, relu, zf, has_z):
     """:func:`_rows_by_pixels` on sixteen-lane vectors (AVX-512): ``vecs`` vectors of sixteen
     pixels, four output channels by three vectors per tile (48 pixels), two at the row's end,
     and a last single vector eight output channels at a time (four sums would wait on the
@@ -300,14 +302,14 @@ def _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of
                 a6 = fma16(splat16(wf[U(w0 + 6 * c_in + c)]), x0v, a6)
                 a7 = fma16(splat16(wf[U(w0 + 7 * c_in + c)]), x0v, a7)
             ob = o0 + m * ostride + q
-            store16(of, U(ob), a0)
-            store16(of, U(ob + ostride), a1)
-            store16(of, U(ob + 2 * ostride), a2)
-            store16(of, U(ob + 3 * ostride), a3)
-            store16(of, U(ob + 4 * ostride), a4)
-            store16(of, U(ob + 5 * ostride), a5)
-            store16(of, U(ob + 6 * ostride), a6)
-            store16(of, U(ob + 7 * ostride), a7)
+            _put16(of, U(ob), a0, relu, zf, has_z)
+            _put16(of, U(ob + ostride), a1, relu, zf, has_z)
+            _put16(of, U(ob + 2 * ostride), a2, relu, zf, has_z)
+            _put16(of, U(ob + 3 * ostride), a3, relu, zf, has_z)
+            _put16(of, U(ob + 4 * ostride), a4, relu, zf, has_z)
+            _put16(of, U(ob + 5 * ostride), a5, relu, zf, has_z)
+            _put16(of, U(ob + 6 * ostride), a6, relu, zf, has_z)
+            _put16(of, U(ob + 7 * ostride), a7, relu, zf, has_z)
             m += 8
         while m < m_out:
             four = m + 4 <= m_out
@@ -345,21 +347,21 @@ def _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of
                     a30 = fma16(s, x0v, a30)
                     a31 = fma16(s, x1v, a31)
                     a32 = fma16(s, x2v, a32)
-                store16(of, U(ob), a00)
-                store16(of, U(ob + 16), a01)
-                store16(of, U(ob + 32), a02)
+                _put16(of, U(ob), a00, relu, zf, has_z)
+                _put16(of, U(ob + 16), a01, relu, zf, has_z)
+                _put16(of, U(ob + 32), a02, relu, zf, has_z)
                 ob += ostride
-                store16(of, U(ob), a10)
-                store16(of, U(ob + 16), a11)
-                store16(of, U(ob + 32), a12)
+                _put16(of, U(ob), a10, relu, zf, has_z)
+                _put16(of, U(ob + 16), a11, relu, zf, has_z)
+                _put16(of, U(ob + 32), a12, relu, zf, has_z)
                 ob += ostride
-                store16(of, U(ob), a20)
-                store16(of, U(ob + 16), a21)
-                store16(of, U(ob + 32), a22)
+                _put16(of, U(ob), a20, relu, zf, has_z)
+                _put16(of, U(ob + 16), a21, relu, zf, has_z)
+                _put16(of, U(ob + 32), a22, relu, zf, has_z)
                 ob += ostride
-                store16(of, U(ob), a30)
-                store16(of, U(ob + 16), a31)
-                store16(of, U(ob + 32), a32)
+                _put16(of, U(ob), a30, relu, zf, has_z)
+                _put16(of, U(ob + 16), a31, relu, zf, has_z)
+                _put16(of, U(ob + 32), a32, relu, zf, has_z)
             elif four and nv == 2:  # the row's last two vectors
                 a00, a01 = b0, b0
                 a10, a11 = b1, b1
@@ -381,17 +383,17 @@ def _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of
                     s = splat16(wf[U(w3 + c)])
                     a30 = fma16(s, x0v, a30)
                     a31 = fma16(s, x1v, a31)
-                store16(of, U(ob), a00)
-                store16(of, U(ob + 16), a01)
+                _put16(of, U(ob), a00, relu, zf, has_z)
+                _put16(of, U(ob + 16), a01, relu, zf, has_z)
                 ob += ostride
-                store16(of, U(ob), a10)
-                store16(of, U(ob + 16), a11)
+                _put16(of, U(ob), a10, relu, zf, has_z)
+                _put16(of, U(ob + 16), a11, relu, zf, has_z)
                 ob += ostride
-                store16(of, U(ob), a20)
-                store16(of, U(ob + 16), a21)
+                _put16(of, U(ob), a20, relu, zf, has_z)
+                _put16(of, U(ob + 16), a21, relu, zf, has_z)
                 ob += ostride
-                store16(of, U(ob), a30)
-                store16(of, U(ob + 16), a31)
+                _put16(of, U(ob), a30, relu, zf, has_z)
+                _put16(of, U(ob + 16), a31, relu, zf, has_z)
             elif four:  # the row's last vector
                 a00, a10, a20, a30 = b0, b1, b2, b3
                 for c in range(c_in):
@@ -400,34 +402,57 @@ def _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of
                     a10 = fma16(splat16(wf[U(w1 + c)]), x0v, a10)
                     a20 = fma16(splat16(wf[U(w2 + c)]), x0v, a20)
                     a30 = fma16(splat16(wf[U(w3 + c)]), x0v, a30)
-                store16(of, U(ob), a00)
-                store16(of, U(ob + ostride), a10)
-                store16(of, U(ob + 2 * ostride), a20)
-                store16(of, U(ob + 3 * ostride), a30)
+                _put16(of, U(ob), a00, relu, zf, has_z)
+                _put16(of, U(ob + ostride), a10, relu, zf, has_z)
+                _put16(of, U(ob + 2 * ostride), a20, relu, zf, has_z)
+                _put16(of, U(ob + 3 * ostride), a30, relu, zf, has_z)
             else:  # one of the last (m_out % 4) channels, a vector at a time
                 for t in range(nv):
                     a00 = b0
                     for c in range(c_in):
                         a00 = fma16(splat16(wf[U(w0 + c)]),
                                     load16(src, U(base + 16 * t + c * stride)), a00)
-                    store16(of, U(ob + 16 * t), a00)
+                    _put16(of, U(ob + 16 * t), a00, relu, zf, has_z)
             m += 4 if four else 1
         v += nv
 
 
 @jit()
 def _rows(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, pixels, of, o0, ostride, panel,
-          wide):
+          wide, relu, zf, has_z):
     """The rows of ``pixels`` (a multiple of eight) output pixels: by :func:`_rows_by_pixels16`
-    while sixteen are left when ``wide``, the rest by :func:`_rows_by_pixels`."""
+    while sixteen are left when ``wide``, the rest by :func:`_rows_by_pixels`; each sum
+    stored by :func:`_put8` or :func:`_put16`."""
     done = 0
     if wide and pixels >= 16:
         _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, pixels // 16, of,
-                          o0, ostride, panel)
+                          o0, ostride, panel, relu, zf, has_z)
         done = pixels // 16 * 16
     if done < pixels:
         _rows_by_pixels(xf, x0 + done, xstride, wf, bias, has_bias, c_in, m_out,
-                        (pixels - done) // 8, of, o0 + done, ostride, panel)
+                        (pixels - done) // 8, of, o0 + done, ostride, panel, relu, zf, has_z)
+
+
+@jit()
+def _put8(of, at, v, relu, zf, has_z):
+    """of[at:at + 8] = v, plus zf[at:at + 8] where ``has_z`` (a residual), then Relu'd where
+    ``relu``: the output finished in registers. A pass over the whole output after the
+    products read and wrote it again from L2 (2x64x16x16 -> 128 with a Relu: 4.4 us of 58)."""
+    if has_z:
+        v = add8(v, load8(zf, at))
+    if relu:
+        v = relu8(v)
+    store8(of, at, v)
+
+
+@jit()
+def _put16(of, at, v, relu, zf, has_z):
+    """:func:`_put8` on sixteen lanes."""
+    if has_z:
+        v = add16(v, load16(zf, at))
+    if relu:
+        v = relu16(v)
+    store16(of, at, v)
 
 
 @jit()
@@ -435,31 +460,35 @@ def pixel_lanes(x, wf, bias, has_bias, act, y, wide=False):
     """y = act(conv1x1(x) + bias) for C-contiguous float32 NCHW ``x`` and ``y``, ``wf`` the
     weights flat (M * C): eight pixels in a vector (module docstring), sixteen where ``wide``
     (:data:`WIDE`: AVX-512)."""
-    _pixel_products(x, wf, bias, has_bias, y, wide)
-    _activate_in_place(y.reshape(y.size), 0, y.size, act, np.float32(0.0))
+    _pixel_products(x, wf, bias, has_bias, act, y, y, False, wide)
 
 
 @jit()
 def pixel_lanes_residual(x, wf, bias, has_bias, act, z, y, wide=False):
     """:func:`pixel_lanes` with ``z`` (C-contiguous, of y's shape) added before the
     activation: a residual FusedConv, whose Add was a step of its own."""
-    _pixel_products(x, wf, bias, has_bias, y, wide)
-    _residual_in_place(y.reshape(y.size), z.reshape(z.size), act, np.float32(0.0))
+    _pixel_products(x, wf, bias, has_bias, act, z, y, True, wide)
 
 
 @jit()
-def _pixel_products(x, wf, bias, has_bias, y, wide):
-    """y = conv1x1(x) + bias: :func:`pixel_lanes` before its activation."""
+def _pixel_products(x, wf, bias, has_bias, act, z, y, has_z, wide):
+    """y = act(conv1x1(x) + bias + z), z only where ``has_z``. A Relu and the residual are
+    applied in registers as the tiles store their sums where each image's rows are read as
+    they lie; other activations, and planes gathered into rows, over the output after."""
     n_img, c_in = x.shape[0], x.shape[1]
     m_out = y.shape[1]
     plane = y.size // (n_img * m_out)
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
+    zf = z.reshape(z.size)
     panel = np.empty(c_in * 48, np.float32)
     if plane % 8 == 0:  # each image's rows as they lie
+        relu = act == 1
         for img in range(n_img):
             _rows(xf, img * c_in * plane, plane, wf, bias, has_bias, c_in, m_out, plane, yf,
-                  img * m_out * plane, plane, panel, wide)
+                  img * m_out * plane, plane, panel, wide, relu, zf, has_z)
+        if not relu:
+            _activate_in_place(yf, 0, yf.shape[0], act, np.float32(0.0))
     else:  # the pixels of all the images gathered into rows padded to eight, then scattered
         width = -(-(n_img * plane) // 8) * 8
         xt = np.zeros(c_in * width, np.float32)
@@ -470,13 +499,18 @@ def _pixel_products(x, wf, bias, has_bias, y, wide):
                 for p in range(plane):
                     xt[U(dst + p)] = xf[U(src + p)]
         res = np.empty(m_out * width, np.float32)
-        _rows(xt, 0, width, wf, bias, has_bias, c_in, m_out, width, res, 0, width, panel, wide)
+        _rows(xt, 0, width, wf, bias, has_bias, c_in, m_out, width, res, 0, width, panel, wide,
+              False, res, False)
         for img in range(n_img):
             for m in range(m_out):
                 src = m * width + img * plane
                 dst = (img * m_out + m) * plane
                 for p in range(plane):
                     yf[U(dst + p)] = res[U(src + p)]
+        if has_z:
+            _residual_in_place(yf, zf, act, np.float32(0.0))
+        else:
+            _activate_in_place(yf, 0, yf.shape[0], act, np.float32(0.0))
 
 
 @jit()
