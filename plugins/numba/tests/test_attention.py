@@ -88,6 +88,36 @@ def test_blocked_and_nan_rows_give_nan_as_the_unfused_softmax(seq):
                                atol=2e-6)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("seq", [5, 8, 17, 40])  # the lanes: rows ending inside a vector or not
+def test_rows_far_below_zero_and_infinite_scores(seq, masked):
+    """Each row's maximum is its own scores' (the lanes past the row's end are no part of it:
+    a padding score of 0 taken as the maximum of rows near -3000 would leave every exp 0);
+    a row holding +inf or -inf scores gives NaN or its softmax as the unfused ops do."""
+    q = np.ascontiguousarray(_heads(2, seq, 3, 8, np.float32, "view"))
+    kt = _heads(2, seq, 3, 8, np.float32, "contiguous").transpose(0, 1, 3, 2)
+    v = _heads(2, seq, 3, 8, np.float32, "view")
+    assert attention._path(q.shape, kt.shape, v.shape, np.float32) == "lanes"
+    low = np.full((1, 1, seq, seq), -3000, np.float32) + RNG.standard_normal((1, 1, seq, seq)
+                                                                            ).astype(np.float32)
+    q[0, 0, 0, 0] = np.inf  # head 0, query row 0: infinite scores of both signs
+    q[1, 2, 1] = -np.inf  # head 2, query row 1: all infinite
+    if masked:
+        mask, scale = low, np.float32(0.5)
+    else:
+        q[0, 1] -= 3000  # head 1's rows: scores far below zero through Q itself
+        q[0, 1] *= 0.001
+        kt = kt.copy()
+        kt[0, 1] = 3000.0 * np.sign(kt[0, 1]) + kt[0, 1]
+        mask, scale = None, np.float32(1.0)
+    got = attention.fused_attention(q, kt, v, mask, scale=scale)
+    want = REFERENCE(q, kt, v, mask, scale=scale)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got).any() and not np.isnan(got[1, 0]).any()
+    np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=2e-4,
+                               atol=2e-5)
+
+
 def test_ranks_two_and_three():
     for shape in ((6, 8), (4, 6, 8)):
         q = RNG.standard_normal(shape).astype(np.float32)
