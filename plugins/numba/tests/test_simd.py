@@ -3,8 +3,8 @@ at unaligned offsets, broadcasts, fused multiply-adds rounded once, and the 8x8 
 between runs of any stride; anything but a 1-D C-contiguous float32 array (a strided view
 would be read as if contiguous) is refused when the kernel is typed. The sixteen-lane row
 operations of the strided pools: masked loads and stores, the even/odd/next shuffles, the two
-maxima and the NaN test. The Relu and sum the 1x1 tiles finish their sums with; the product, lane selection and
-maximum over lanes of the attention rows."""
+maxima and the NaN test. The Relu and sum the 1x1 tiles finish their sums with; the
+product, lane selection and maximum over lanes of the attention rows."""
 
 from __future__ import annotations
 

@@ -28,8 +28,22 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import jit
-from ._simd import (add8, add16, fma8, fma16, host_has_avx512, host_has_fma, load8, load16, relu8,
-                    relu16, splat8, splat16, store8, store16)
+from ._simd import (
+    add8,
+    add16,
+    fma8,
+    fma16,
+    host_has_avx512,
+    host_has_fma,
+    load8,
+    load16,
+    relu8,
+    relu16,
+    splat8,
+    splat16,
+    store8,
+    store16,
+)
 
 # the kernels compile conv._activate_in_place into their own machine code; numba would keep
 # that code cached after a change to conv.py alone, so the package's cache is dropped
