@@ -86,8 +86,8 @@ CASES = [
     (gemm.fused_gemm, [_x(3, 7), _x(7, 5), _x(5)], {}, (1, 2)),
     (conv.fused_conv, [_x(2, 8, 6, 6), _x(8, 1, 3, 3), _x(8)],
      dict(group=8, pads=(1, 1, 1, 1), strides=(2, 2)), (1, 2)),  # depthwise
-    (conv.fused_conv, [_x(2, 4, 5, 5), _x(6, 4, 3, 3), _x(6)], dict(pads=(1, 1, 1, 1)),
-     (1, 2)),  # small
+    (conv.fused_conv, [_x(2, 5, 5, 5), _x(6, 5, 3, 3), _x(6)], dict(pads=(1, 1, 1, 1)),
+     (1, 2)),  # small (five input channels: conv_rows.py takes four or fewer)
     (conv.fused_conv, [_x(2, 40, 8, 8), _x(24, 40, 1, 1), _x(24)], {}, (1, 2)),  # 1x1 direct
 ]
 IDS = [f"{c[0].__name__}-{i}" for i, c in enumerate(CASES)]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conv_arrays import assert_call_agrees, conv_arrays, file_constant, fused_site
 
-from onemodel.numba import _jit, conv, tiled, winograd
+from onemodel.numba import _jit, conv, conv_rows, tiled, winograd
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import specialize
 
@@ -38,6 +38,9 @@ def lanes(request, monkeypatch):
     its vectors when the CPU's are narrower)."""
     wide = request.param == "sixteen"
     monkeypatch.setattr(tiled, "host_has_avx512", lambda: wide)
+    # the convolution rows take convolutions of four input channels or fewer ahead of the
+    # tiles where the CPU has AVX-512 (test_conv_rows.py)
+    monkeypatch.setattr(conv_rows, "fits", lambda *args: False)
     return tiled._tiles_wide if wide else tiled._tiles
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conv_arrays import conv_arrays, file_constant, fused_site
 
-from onemodel.numba import _jit, conv, winograd
+from onemodel.numba import _jit, conv, conv_rows, winograd
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import specialize
 
@@ -21,7 +21,9 @@ TOL = {np.float32: 5e-6, np.float64: 1e-12}
 
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch, no_small_convolutions, serial):
-    """Serial kernels (Winograd runs on one thread only), small shapes admitted."""
+    """Serial kernels (Winograd runs on one thread only), small shapes admitted; not the
+    convolution rows, which take convolutions of four input channels or fewer ahead of it."""
+    monkeypatch.setattr(conv_rows, "fits", lambda *args: False)
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 4)
     monkeypatch.setattr(winograd, "MIN_PLANE", 4)
 

@@ -1680,7 +1680,7 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
     n, m, oh, ow = shape
     if y.size == 0:
         return y
-    if path == _SMALL:
+    if path == _SMALL and prepared is None:
         _small_conv(X, W, bias, _small_table(X.shape, W.shape, group, act, has_bias, plan), y)
         return y
     if path in _SKIPS_PADDING and not _all_finite(W):
@@ -1862,10 +1862,14 @@ def _prepared_weights(plan, xshape, w):
     path, (_, m, oh, ow) = plan[0], plan[1]
     if path == _DW_NHWC:
         return _channels_last_weights(w)
-    if path in (_BY_IMAGE, _ONE_GEMM, _SKINNY, _DIRECT) and not _jit._parallel:
-        from . import tiled, winograd
+    if path in (_BY_IMAGE, _ONE_GEMM, _SKINNY, _DIRECT, _SMALL) and not _jit._parallel:
+        from . import conv_rows, tiled, winograd
 
         group = xshape[1] // w.shape[1]
+        if w.dtype == np.float32 and conv_rows.fits(plan, xshape, w.shape, group):
+            return conv_rows.ConvRows(w, plan, xshape)
+        if path == _SMALL:  # one call of _small_conv, or the rows above
+            return None
         if path in (_BY_IMAGE, _ONE_GEMM) and winograd.fits(plan, xshape, w.shape, group) \
                 and not (w.dtype == np.float32 and tiled.beats_winograd(plan, xshape, w.shape,
                                                                         group)):
@@ -1984,7 +1988,7 @@ def _conv_site(site: CallSite, act: int, residual=None):
                                    lanes_act, site.generic, residual)
     w_prepared = _prepared_weights(plan, x4, w_ready) if w_ready is not None and _immutable(w_ready) \
         else None
-    if plan[0] == _SMALL:
+    if plan[0] == _SMALL and w_prepared is None:
         return _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const,
                            _small_table(x4, w4, group, act, has_bias, plan))
 
