@@ -55,9 +55,10 @@ def _taken(call) -> bool:
 @pytest.mark.parametrize("m, k, n", [
     (4, 8, 24), (5, 7, 16), (7, 33, 50), (12, 96, 384), (130, 64, 100), (3, 16, 48),
     (1, 5, 30), (64, 1, 17), (2, 40, 30), (6, 20, 48), (2, 576, 1024), (7, 520, 50),
-    (64, 784, 256), (1, 256, 10), (8, 64, 8),
-])  # 7: four, two and one row; 3: two and one; 2 and 6: the two-row tile; K past one or two
-# of product16's K_BLOCK: the sums carried between blocks in every tile kind
+    (64, 784, 256), (1, 256, 10), (8, 64, 8), (15, 300, 40),
+])  # 7: four, two and one row; 3: two and one; 2 and 6: the two-row tile; 8 and more:
+# product16's eight-row tile (15: eight, four, two and one); K past one or two of
+# product16's K_BLOCK: the sums carried between blocks in every tile kind
 @pytest.mark.parametrize("with_bias, relu", [(False, False), (True, False), (True, True)])
 @WIDTHS
 def test_kernel_matches_a_float64_product(m, k, n, with_bias, relu, width):
