@@ -278,14 +278,21 @@ def _rows_by_pixels(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, 
 def _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of, o0, ostride,
                       panel, relu, zf, has_z):
     """:func:`_rows_by_pixels` on sixteen-lane vectors (AVX-512): ``vecs`` vectors of sixteen
-    pixels, four output channels by three vectors per tile (48 pixels), two at the row's end,
-    and a last single vector eight output channels at a time (four sums would wait on the
-    multiply-adds' latency: DenseNet's 2x128x4x4 planes), then four, then one channel at a
-    time; the inputs packed into a panel from PACK_MIN_OUTPUTS output channels, as there."""
+    pixels. With eight output channels or more, eight channels by two vectors per tile
+    (sixteen sums in flight: DenseNet's 2x256x16x16 -> 128 256 -> 228 us, 2x512x8x8 -> 128
+    145 -> 127, against four channels by three vectors); with fewer, four channels by three
+    vectors (48 pixels), two at the row's end. A last single vector goes eight output
+    channels at a time (four sums would wait on the multiply-adds' latency: DenseNet's
+    2x128x4x4 planes), then four, then one channel at a time; the inputs packed into a panel
+    from PACK_MIN_OUTPUTS output channels, as there."""
     zero = np.float32(0.0)
+    pairs = m_out >= 8  # tiles of eight channels by two vectors
     v = 0
     while v < vecs:
-        nv = 3 if v + 3 <= vecs else (2 if v + 2 <= vecs else 1)
+        if pairs:
+            nv = 2 if v + 2 <= vecs else 1
+        else:
+            nv = 3 if v + 3 <= vecs else (2 if v + 2 <= vecs else 1)
         q = 16 * v
         src, base, stride = xf, x0 + q, xstride
         if m_out >= PACK_MIN_OUTPUTS:
@@ -324,6 +331,70 @@ def _rows_by_pixels16(xf, x0, xstride, wf, bias, has_bias, c_in, m_out, vecs, of
             _put16(of, U(ob + 5 * ostride), a5, relu, zf, has_z)
             _put16(of, U(ob + 6 * ostride), a6, relu, zf, has_z)
             _put16(of, U(ob + 7 * ostride), a7, relu, zf, has_z)
+            m += 8
+        while nv == 2 and m + 8 <= m_out:  # eight channels by two vectors: sixteen sums
+            w0 = m * c_in
+            b = splat16(bias[m + 0] if has_bias else zero)
+            e00, e01 = b, b
+            b = splat16(bias[m + 1] if has_bias else zero)
+            e10, e11 = b, b
+            b = splat16(bias[m + 2] if has_bias else zero)
+            e20, e21 = b, b
+            b = splat16(bias[m + 3] if has_bias else zero)
+            e30, e31 = b, b
+            b = splat16(bias[m + 4] if has_bias else zero)
+            e40, e41 = b, b
+            b = splat16(bias[m + 5] if has_bias else zero)
+            e50, e51 = b, b
+            b = splat16(bias[m + 6] if has_bias else zero)
+            e60, e61 = b, b
+            b = splat16(bias[m + 7] if has_bias else zero)
+            e70, e71 = b, b
+            for c in range(c_in):
+                xc = base + c * stride
+                x0v = load16(src, U(xc))
+                x1v = load16(src, U(xc + 16))
+                s = splat16(wf[U(w0 + 0 * c_in + c)])
+                e00 = fma16(s, x0v, e00)
+                e01 = fma16(s, x1v, e01)
+                s = splat16(wf[U(w0 + 1 * c_in + c)])
+                e10 = fma16(s, x0v, e10)
+                e11 = fma16(s, x1v, e11)
+                s = splat16(wf[U(w0 + 2 * c_in + c)])
+                e20 = fma16(s, x0v, e20)
+                e21 = fma16(s, x1v, e21)
+                s = splat16(wf[U(w0 + 3 * c_in + c)])
+                e30 = fma16(s, x0v, e30)
+                e31 = fma16(s, x1v, e31)
+                s = splat16(wf[U(w0 + 4 * c_in + c)])
+                e40 = fma16(s, x0v, e40)
+                e41 = fma16(s, x1v, e41)
+                s = splat16(wf[U(w0 + 5 * c_in + c)])
+                e50 = fma16(s, x0v, e50)
+                e51 = fma16(s, x1v, e51)
+                s = splat16(wf[U(w0 + 6 * c_in + c)])
+                e60 = fma16(s, x0v, e60)
+                e61 = fma16(s, x1v, e61)
+                s = splat16(wf[U(w0 + 7 * c_in + c)])
+                e70 = fma16(s, x0v, e70)
+                e71 = fma16(s, x1v, e71)
+            ob = o0 + m * ostride + q
+            _put16(of, U(ob + 0 * ostride), e00, relu, zf, has_z)
+            _put16(of, U(ob + 0 * ostride + 16), e01, relu, zf, has_z)
+            _put16(of, U(ob + 1 * ostride), e10, relu, zf, has_z)
+            _put16(of, U(ob + 1 * ostride + 16), e11, relu, zf, has_z)
+            _put16(of, U(ob + 2 * ostride), e20, relu, zf, has_z)
+            _put16(of, U(ob + 2 * ostride + 16), e21, relu, zf, has_z)
+            _put16(of, U(ob + 3 * ostride), e30, relu, zf, has_z)
+            _put16(of, U(ob + 3 * ostride + 16), e31, relu, zf, has_z)
+            _put16(of, U(ob + 4 * ostride), e40, relu, zf, has_z)
+            _put16(of, U(ob + 4 * ostride + 16), e41, relu, zf, has_z)
+            _put16(of, U(ob + 5 * ostride), e50, relu, zf, has_z)
+            _put16(of, U(ob + 5 * ostride + 16), e51, relu, zf, has_z)
+            _put16(of, U(ob + 6 * ostride), e60, relu, zf, has_z)
+            _put16(of, U(ob + 6 * ostride + 16), e61, relu, zf, has_z)
+            _put16(of, U(ob + 7 * ostride), e70, relu, zf, has_z)
+            _put16(of, U(ob + 7 * ostride + 16), e71, relu, zf, has_z)
             m += 8
         while m < m_out:
             four = m + 4 <= m_out
