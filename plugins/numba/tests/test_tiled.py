@@ -74,6 +74,12 @@ CASES = [  # (X shape, W shape, attrs): output pixels n*oh*ow noted where they e
     ((2, 7, 1, 1), (32, 7, 1, 1), {}),  # 1x1 over 2 pixels: no tile of three
     ((1, 6, 6, 7), (30, 6, 3, 3), dict(pads=(1, 1, 1, 1))),  # 30 channels: 6 past the 8x8s
     ((3, 3, 9, 9), (32, 3, 3, 3), dict(strides=(2, 2))),  # a stem: 16-pixel images in chunks
+    # 256 taps or more: tiles of eight pixels on sixteen lanes (EIGHT_PIXELS_MIN_TAPS), then
+    # three, two and one
+    ((1, 32, 5, 7), (64, 32, 3, 3), dict(pads=(1, 1, 1, 1))),  # 35 = 4x8 + 3
+    ((2, 30, 6, 5), (32, 30, 3, 3), dict(pads=(1, 1, 1, 1))),  # 60 = 7x8 + 3 + 1
+    ((1, 32, 3, 5), (32, 32, 3, 3), dict(pads=(1, 1, 1, 1))),  # 15 = 8 + 3 + 3 + 1
+    ((1, 29, 10, 11), (32, 29, 3, 3), dict(pads=(1, 1, 1, 1))),  # 110: 96 in 12 eights, 14
     # blocks of eight channels (_tiles8): tiles of twelve pixels, then four, then one
     ((2, 3, 32, 32), (8, 3, 7, 7), dict(pads=(3, 3, 3, 3), strides=(2, 2))),  # a stem: 512
     ((1, 5, 7, 5), (8, 5, 3, 3), dict(pads=(1, 1, 1, 1))),  # 35 = 2x12 + 2x4 + 3

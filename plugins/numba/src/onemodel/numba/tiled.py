@@ -138,6 +138,12 @@ def _padded_size(size, out, k, s, p, d):
 
 
 CHUNK = 96  # output pixels per pass before they are stored: 12 KiB of results
+# taps (C * kh * kw) from which _tiles_wide takes eight pixels a tile: a block's weights
+# (taps x 32 floats) then pass 32 KiB and come from L2 for every tile, so each weight read
+# serves eight pixels, not six (DenseNet's 2x128x8x8 -> 32 75 -> 55 us, 2x128x4x4 -> 256
+# 154 -> 112); with the weights in L1 six measured faster (SqueezeNet's 2x16x15x15 -> 64,
+# 144 taps: 51 against 56 us)
+EIGHT_PIXELS_MIN_TAPS = 256
 
 
 @jit()
@@ -321,8 +327,9 @@ def _tiles(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
 def _tiles_wide(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
     """:func:`_tiles` on sixteen-lane vectors (AVX-512: :func:`._simd.host_has_avx512`), with
     the same packed weights: 32 output channels (two vectors) by six pixels per tile, twelve
-    accumulators again, each multiply-add twice as wide; three, two, then one pixel at a
-    time at a chunk's end."""
+    accumulators again, each multiply-add twice as wide, or by eight pixels, sixteen
+    accumulators, where a block's weights are read from L2 (:data:`EIGHT_PIXELS_MIN_TAPS`);
+    three, two, then one pixel at a time at a chunk's end."""
     n, c, h, w = x.shape
     m, oh, ow = y.shape[1], y.shape[2], y.shape[3]
     taps = xoff.shape[0]
@@ -335,6 +342,8 @@ def _tiles_wide(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
     plane = oh * ow
     bp = _padded_bias(bias, has_bias, m, blocks * 32)
     ahead = taps * 32  # the next block's weights, asked for while a block's first tile runs
+    # eight pixels a tile where a block's weights pass L1 (EIGHT_PIXELS_MIN_TAPS), six else
+    eight = taps >= EIGHT_PIXELS_MIN_TAPS
     for blk in range(blocks):
         wb = blk * taps * 32
         b0 = load16(bp, U(blk * 32))
@@ -343,6 +352,64 @@ def _tiles_wide(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
         for j0 in range(0, npix, CHUNK):
             j1 = min(npix, j0 + CHUNK)
             j = j0
+            while eight and j + 8 <= j1:  # eight pixels: sixteen sums in flight
+                a00, a01, a10, a11, a20, a21, a30, a31 = b0, b1, b0, b1, b0, b1, b0, b1
+                a40, a41, a50, a51, a60, a61, a70, a71 = b0, b1, b0, b1, b0, b1, b0, b1
+                p0, p1, p2, p3 = pix_in[U(j)], pix_in[U(j + 1)], pix_in[U(j + 2)], \
+                    pix_in[U(j + 3)]
+                p4, p5, p6, p7 = pix_in[U(j + 4)], pix_in[U(j + 5)], pix_in[U(j + 6)], \
+                    pix_in[U(j + 7)]
+                first = j == 0
+                for t in range(taps):
+                    xo = xoff[U(t)]
+                    wo = wb + t * 32
+                    w0 = load16(wp, U(wo))
+                    w1 = load16(wp, U(wo + 16))
+                    if first:  # (the loop is unswitched on it: no cost to the other tiles)
+                        prefetch(wp, U(wo + ahead))
+                        prefetch(wp, U(wo + ahead + 16))
+                    v = splat16(planes[U(p0 + xo)])
+                    a00 = fma16(v, w0, a00)
+                    a01 = fma16(v, w1, a01)
+                    v = splat16(planes[U(p1 + xo)])
+                    a10 = fma16(v, w0, a10)
+                    a11 = fma16(v, w1, a11)
+                    v = splat16(planes[U(p2 + xo)])
+                    a20 = fma16(v, w0, a20)
+                    a21 = fma16(v, w1, a21)
+                    v = splat16(planes[U(p3 + xo)])
+                    a30 = fma16(v, w0, a30)
+                    a31 = fma16(v, w1, a31)
+                    v = splat16(planes[U(p4 + xo)])
+                    a40 = fma16(v, w0, a40)
+                    a41 = fma16(v, w1, a41)
+                    v = splat16(planes[U(p5 + xo)])
+                    a50 = fma16(v, w0, a50)
+                    a51 = fma16(v, w1, a51)
+                    v = splat16(planes[U(p6 + xo)])
+                    a60 = fma16(v, w0, a60)
+                    a61 = fma16(v, w1, a61)
+                    v = splat16(planes[U(p7 + xo)])
+                    a70 = fma16(v, w0, a70)
+                    a71 = fma16(v, w1, a71)
+                r0 = (j - j0) * 32
+                store16(res, U(r0 + 0), a00)
+                store16(res, U(r0 + 16), a01)
+                store16(res, U(r0 + 32), a10)
+                store16(res, U(r0 + 48), a11)
+                store16(res, U(r0 + 64), a20)
+                store16(res, U(r0 + 80), a21)
+                store16(res, U(r0 + 96), a30)
+                store16(res, U(r0 + 112), a31)
+                store16(res, U(r0 + 128), a40)
+                store16(res, U(r0 + 144), a41)
+                store16(res, U(r0 + 160), a50)
+                store16(res, U(r0 + 176), a51)
+                store16(res, U(r0 + 192), a60)
+                store16(res, U(r0 + 208), a61)
+                store16(res, U(r0 + 224), a70)
+                store16(res, U(r0 + 240), a71)
+                j += 8
             while j + 6 <= j1:
                 a00, a01, a10, a11, a20, a21 = b0, b1, b0, b1, b0, b1
                 a30, a31, a40, a41, a50, a51 = b0, b1, b0, b1, b0, b1
@@ -389,7 +456,7 @@ def _tiles_wide(x, wp, xoff, pix_in, bias, has_bias, act, ph, pw, hp, wq, y):
                 store16(res, U(r0 + 160), a50)
                 store16(res, U(r0 + 176), a51)
                 j += 6
-            if j + 3 <= j1:
+            while j + 3 <= j1:  # up to seven left: three, three, one
                 a00, a01, a10, a11, a20, a21 = b0, b1, b0, b1, b0, b1
                 p0, p1, p2 = pix_in[U(j)], pix_in[U(j + 1)], pix_in[U(j + 2)]
                 for t in range(taps):
