@@ -32,7 +32,7 @@ CASES = [
     ((1, 3, 16, 33), 8, 2, (2, 1), (0, 0, 0, 0)),  # 32 pixels exactly
 ]
 IDS = [f"{c[0]}-{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}" for c in CASES]
-ACTIVATIONS = {"": 0, "Relu": 1, "HardSwish": 4, "Sigmoid": 2}
+ACTIVATIONS = {"": 0, "Relu": 1, "HardSwish": 4, "Sigmoid": 2, "Relu6": 5}
 
 
 def _torch(x, w, b, strides, pads):
@@ -52,7 +52,8 @@ def test_rows_equal_torch_and_the_reference(xs, m, k, strides, pads, bias):
     rng = np.random.default_rng(sum(xs) + m)
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal((m, xs[1], k, k)) / k).astype(np.float32)
-    b = rng.standard_normal(m).astype(np.float32) if bias else None
+    # a bias of 4 or so: Relu6 clips at both ends
+    b = (rng.standard_normal(m) * 4).astype(np.float32) if bias else None
     plan = _plan(xs, m, k, strides, pads)
     rows = conv_rows.ConvRows(w, plan, xs)
     pre = _torch(x, w, b, strides, pads)

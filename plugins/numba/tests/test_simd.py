@@ -28,6 +28,8 @@ from onemodel.numba._simd import (
     mul8,
     next16,
     odds16,
+    relu6_8,
+    relu6_16,
     relu8,
     relu16,
     splat8,
@@ -196,3 +198,23 @@ def test_row_maximum_operations_compute_what_numpy_computes(n):
     assert _row_ops(z, y, n, out) == -np.inf
     z[3] = -2.5
     assert _row_ops(z, y, n, out) == -2.5
+
+
+@numba.njit(cache=False)
+def _clipped(x, out8, out16):
+    for i in range(0, x.shape[0], 8):
+        store8(out8, i, relu6_8(load8(x, i)))
+    for i in range(0, x.shape[0], 16):
+        store16(out16, i, relu6_16(load16(x, i)))
+
+
+def test_relu6_is_the_kernels_relu6_lane_by_lane():
+    """0 below 0, 6 above 6, NaN and -0.0 as they are: conv.py's ``_relu6``."""
+    x = np.array([7.5, 6.0, 5.999, -1.0, -0.0, np.nan, np.inf, -np.inf] * 4, np.float32)
+    out8 = np.zeros(32, np.float32)
+    out16 = np.zeros(32, np.float32)
+    _clipped(x, out8, out16)
+    want = np.where(x < 0, np.float32(0), x)
+    want = np.where(want > 6, np.float32(6), want)
+    np.testing.assert_array_equal(out8.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(out16.view(np.uint32), want.view(np.uint32))

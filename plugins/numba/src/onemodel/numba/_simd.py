@@ -14,8 +14,8 @@ intrinsic; the type has no Python value and never leaves a compiled function.
 - ``fma8(a, b, c)``: ``a * b + c`` lane by lane, rounded once (``llvm.fma``).
 - ``transpose8x8(src, s0, sstride, dst, d0, dstride)``: eight runs of eight read, transposed
   in registers, written as eight runs.
-- ``add8(a, b)``: ``a + b``; ``relu8(v)``: conv.py's Relu lane by lane, for kernels that
-  finish their sums in registers before storing them.
+- ``add8(a, b)``: ``a + b``; ``relu8(v)`` and ``relu6_8(v)``: conv.py's Relu and Relu6 lane
+  by lane, for kernels that finish their sums in registers before storing them.
 - ``mul8(a, b)``: ``a * b``; ``first8(v, n, fill)``: ``v``'s first ``n`` lanes, ``fill`` in
   the rest; ``hmax8(v)``: the largest lane, NaN if one is NaN: a row's maximum over vectors.
 
@@ -25,7 +25,7 @@ CPU has them and numba's code generation keeps them whole (``_jit.WIDE_VECTORS``
 
 - ``max16(a, v)``: :func:`max8`'s running maximum on sixteen lanes; ``larger16(a, v)``: ``v``
   where ``v > a``, ``a`` elsewhere (one ``vmaxps``: a NaN in ``v`` is dropped), for kernels
-  that check for NaN apart: ``add16(a, b)`` and ``has_nan16(v)``; ``relu16(v)``.
+  that check for NaN apart: ``add16(a, b)`` and ``has_nan16(v)``; ``relu16(v)``, ``relu6_16(v)``.
 - ``load16_masked(a, i, lo, hi, fill)``: lane ``l`` is ``a[i + l]`` where ``lo <= l < hi``,
   ``fill`` elsewhere; the lanes outside are not read, so ``i`` may point before ``a`` or
   ``i + 16`` past it (AVX-512's masked loads). ``store16_masked(a, i, n, v)`` writes lanes
@@ -239,6 +239,25 @@ def hmax8(typingctx, v):
 
 
 @intrinsic
+def relu6_8(typingctx, v):
+    """conv.py's Relu6 lane by lane: 0 where ``v < 0``, 6 where ``v > 6``, ``v`` elsewhere
+    (NaN passes)."""
+    if v != f32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _clipped(builder, args[0], _VEC)
+    return f32x8(f32x8), codegen
+
+
+def _clipped(builder, v, vecty):
+    zero = ir.Constant(vecty, [0.0] * vecty.count)
+    six = ir.Constant(vecty, [6.0] * vecty.count)
+    v = builder.select(builder.fcmp_ordered("<", v, zero), zero, v)
+    return builder.select(builder.fcmp_ordered(">", v, six), six, v)
+
+
+@intrinsic
 def max8(typingctx, a, v):
     """``v`` in the lanes where it is greater than ``a`` or NaN, ``a`` elsewhere: a running
     maximum in which NaN wins and stays, and ties keep the earlier value (the pooling
@@ -352,6 +371,17 @@ def relu16(typingctx, v):
     def codegen(context, builder, sig, args):
         zero = ir.Constant(args[0].type, [0.0] * 16)
         return builder.select(builder.fcmp_ordered("<", args[0], zero), zero, args[0])
+    return f32x16(f32x16), codegen
+
+
+@intrinsic
+def relu6_16(typingctx, v):
+    """:func:`relu6_8` on sixteen lanes."""
+    if v != f32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _clipped(builder, args[0], _VEC16)
     return f32x16(f32x16), codegen
 
 

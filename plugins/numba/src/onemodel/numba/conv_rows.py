@@ -14,8 +14,8 @@ output row and one channel, so the sums go to NCHW as they are:
 - A tile is eight output channels by two vectors (32 pixels of a row): sixteen sums over the
   C * kh * kw taps, each tap two loads and eight broadcast weights; by one vector where at
   most sixteen pixels of the row are left.
-- The sums start at the bias; a Relu is applied in registers, other activations over the
-  stored row after. The row's end is stored with masked stores.
+- The sums start at the bias; a Relu or Relu6 is applied in registers, other activations
+  over the stored row after. The row's end is stored with masked stores.
 
 Chosen by :func:`fits` (conv.py's ``_prepared_weights``, before the tiles)."""
 
@@ -32,6 +32,7 @@ from ._simd import (
     load16,
     load16_masked,
     odds16,
+    relu6_16,
     relu16,
     splat16,
     store16,
@@ -134,7 +135,6 @@ def _rows(x, wp, bias, has_bias, act, sh, sw, ph, pw, kh, kw, hp, wph, y):
     planes = _phases(x, ph, pw, sw, hp, wph)
     yf = y.reshape(y.size)
     zero = np.float32(0.0)
-    relu = act == 1
     # each tap's offset from its output row's first pixel in the phase planes
     toff = np.empty(taps, np.int64)
     t = 0
@@ -198,11 +198,16 @@ def _rows(x, wp, bias, has_bias, act, sh, sw, ph, pw, kh, kw, hp, wph, y):
                         w_ = splat16(wp[U(wo + 7)])
                         a7 = fma16(w_, va, a7)
                         c7 = fma16(w_, vc, c7)
-                    if relu:
+                    if act == 1:
                         a0, a1, a2, a3 = relu16(a0), relu16(a1), relu16(a2), relu16(a3)
                         a4, a5, a6, a7 = relu16(a4), relu16(a5), relu16(a6), relu16(a7)
                         c0, c1, c2, c3 = relu16(c0), relu16(c1), relu16(c2), relu16(c3)
                         c4, c5, c6, c7 = relu16(c4), relu16(c5), relu16(c6), relu16(c7)
+                    elif act == 5:  # Relu6 (MobileNetV2's)
+                        a0, a1, a2, a3 = relu6_16(a0), relu6_16(a1), relu6_16(a2), relu6_16(a3)
+                        a4, a5, a6, a7 = relu6_16(a4), relu6_16(a5), relu6_16(a6), relu6_16(a7)
+                        c0, c1, c2, c3 = relu6_16(c0), relu6_16(c1), relu6_16(c2), relu6_16(c3)
+                        c4, c5, c6, c7 = relu6_16(c4), relu6_16(c5), relu6_16(c6), relu6_16(c7)
                     left = ow - x0  # pixels of this row from x0: more than 32 stores 32
                     out = ((img * m + mb) * oh + oy) * ow + x0
                     step = oh * ow
@@ -222,7 +227,7 @@ def _rows(x, wp, bias, has_bias, act, sh, sw, ph, pw, kh, kw, hp, wph, y):
                         _store_pair(yf, out + 6 * step, left, a6, c6)
                     if nch > 7:
                         _store_pair(yf, out + 7 * step, left, a7, c7)
-                    if act > 1:  # other activations over the stored pixels, still in L1
+                    if act > 1 and act != 5:  # others over the stored pixels, still in L1
                         for o in range(nch):
                             _activate_in_place(yf, out + o * step, min(left, 32), act, zero)
 
