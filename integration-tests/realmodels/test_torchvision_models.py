@@ -117,32 +117,40 @@ def test_squeezenet_at_224_agrees_with_onnxruntime(monkeypatch):
         assert len(narrow) >= 2 and set(narrow) == {(1, 16, 55, 55)}, narrow
 
 
-TILED = [  # (model, inputs that the numba plugin's register tiles must see at 2x3x64x64)
-    # the 7x7 stem and the 3x3 convolutions over 4x4 and 2x2 planes (128 -> 32 channels)
-    ("tv_densenet121", {(2, 3, 64, 64), (2, 128, 4, 4), (2, 128, 2, 2)}),
+TILED = [  # (model, inputs that the numba plugin's register tiles must see at 2x3x64x64, and
+    # the 3-channel stem's, which the convolution rows take where the CPU has AVX-512)
+    # the 3x3 convolutions over 4x4 and 2x2 planes (128 -> 32 channels), the 7x7 stem
+    ("tv_densenet121", {(2, 128, 4, 4), (2, 128, 2, 2)}, (2, 3, 64, 64)),
 ]
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("model, inputs", TILED, ids=[m for m, _ in TILED])
-def test_register_tiles_agree_with_onnxruntime(monkeypatch, model, inputs):
+@pytest.mark.parametrize("model, inputs, stem", TILED, ids=[m for m, _, _ in TILED])
+def test_register_tiles_agree_with_onnxruntime(monkeypatch, model, inputs, stem):
     """Networks whose convolutions the numba plugin runs by register tiles (when the CPU has
-    AVX2 and FMA) agree with onnxruntime as a whole."""
-    taken = []
+    AVX2 and FMA), and whose stem by convolution rows (AVX-512) or the tiles, agree with
+    onnxruntime as a whole."""
+    taken, rows = [], []
     try:
-        from onemodel.numba import tiled
+        from onemodel.numba import conv_rows, tiled
     except ImportError:  # the core without the plugin: the reference kernels
         tiled = None
     else:
-        real = tiled.Tiled.run
+        real, real_rows = tiled.Tiled.run, conv_rows.ConvRows.run
 
         def spy(self, X, *args):
             taken.append(X.shape)
             return real(self, X, *args)
+
+        def spy_rows(self, X, *args):
+            rows.append(X.shape)
+            return real_rows(self, X, *args)
         monkeypatch.setattr(tiled.Tiled, "run", spy)
+        monkeypatch.setattr(conv_rows.ConvRows, "run", spy_rows)
     _agrees_with_onnxruntime(model, (2, 3, 64, 64), seed=7)
     if tiled is not None and tiled.host_has_fma():
         assert inputs <= set(taken), sorted(set(taken))
+        assert stem in (rows if conv_rows.host_has_avx512() else taken), (rows, taken)
 
 
 @pytest.mark.torch
@@ -256,19 +264,21 @@ def test_depthwise_lanes_and_pointwise_tiles_agree_with_onnxruntime(monkeypatch)
 
 
 @pytest.mark.torch
-def test_mobilenet_v3_small_head_on_panels_and_stem_on_sixteen_channel_tiles(monkeypatch):
+def test_mobilenet_v3_small_head_on_panels_and_stem_on_rows_or_sixteen_channel_tiles(
+        monkeypatch):
     """MobileNetV3-Small at 2x3x64x64 by a one-thread session: its classifier head (a Linear
     576 -> 1024 at batch 2, which PyTorch exports as Gemm with transB=1) goes by the numba
     plugin's packed panels over the weights' frozen transpose, and its 3-channel stem (16
-    outputs) by register tiles of sixteen channels (when the CPU has AVX2 and FMA); the whole
-    network agrees with onnxruntime."""
+    outputs) by convolution rows where the CPU has AVX-512, else by register tiles of sixteen
+    channels (AVX2 and FMA); the whole network agrees with onnxruntime."""
     panels, stems = [], []
     try:
-        from onemodel.numba import gemm, tiled
+        from onemodel.numba import conv_rows, gemm, tiled
     except ImportError:  # the core without the plugin: the reference kernels
         tiled = None
     else:
         real_panels, real_run = gemm._panel_product, tiled.Tiled.run
+        real_rows = conv_rows.ConvRows.run
 
         def panel_product(b, *args, **kwargs):
             panels.append(b.shape)
@@ -276,14 +286,20 @@ def test_mobilenet_v3_small_head_on_panels_and_stem_on_sixteen_channel_tiles(mon
 
         def run(self, X, *args):
             if self.kernel is tiled._tiles16:
-                stems.append(X.shape)
+                stems.append(("tiles", X.shape))
             return real_run(self, X, *args)
+
+        def rows(self, X, *args):
+            stems.append(("rows", X.shape))
+            return real_rows(self, X, *args)
         monkeypatch.setattr(gemm, "_panel_product", panel_product)
         monkeypatch.setattr(tiled.Tiled, "run", run)
+        monkeypatch.setattr(conv_rows.ConvRows, "run", rows)
     _agrees_with_onnxruntime("tv_mobilenet_v3_small", (2, 3, 64, 64), seed=10)
     if tiled is not None and tiled.host_has_fma():
         assert (576, 1024) in panels, panels
-        assert (2, 3, 64, 64) in stems, stems
+        kind = "rows" if conv_rows.host_has_avx512() else "tiles"
+        assert (kind, (2, 3, 64, 64)) in stems, stems
 
 
 @pytest.mark.torch

@@ -1702,7 +1702,7 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
         pick(kernel)(X, W, m // group, s[0], s[1], pb[0], pb[1], d[0], d[1], bias, has_bias,
                       act, y)
         return y
-    if isinstance(prepared, PreparedCall):  # Winograd or register tiles, made at plan time
+    if isinstance(prepared, PreparedCall):  # Winograd, tiles or rows, made at plan time
         return prepared.run(X, bias, has_bias, act, plan, y)
     length = oh * ow
     c = X.shape[1]
