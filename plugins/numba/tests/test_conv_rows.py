@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from onemodel.numba import conv, conv_rows
+from onemodel.tensors.errors import DTypeError
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.specialize import CallSite, specialize
 
@@ -178,6 +179,21 @@ def test_a_call_on_the_same_arrays_reads_their_values_now(serial):
         want = torch.relu(_torch(wide[..., ::2].copy(), w.copy(), b.copy(), strides,
                                  pads)).numpy()
         np.testing.assert_allclose(call(wide[..., ::2], w, b), want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_out_of_another_dtype_is_refused_naming_it(serial):
+    """The bound machine code checks only an array's item size: an int32 out= of the right
+    shape would take float32 bits, so the call refuses it, naming both dtypes."""
+    rng = np.random.default_rng(2)
+    xs = (2, 3, 16, 16)
+    w, b = _constants(rng, 8, 3, 3, 3), _constants(rng, 8)
+    call = _planned(xs, 8, 3, (1, 1), (1, 1, 1, 1), w, b)
+    x = rng.standard_normal(xs).astype(np.float32)
+    call(x, w, b, out=np.empty((2, 8, 16, 16), np.float32))  # binds the machine code
+    out = np.zeros((2, 8, 16, 16), np.int32)
+    with pytest.raises(DTypeError, match="int32.*float32"):
+        call(x, w, b, out=out)
+    assert not out.any()
 
 
 def test_the_rows_are_chosen_for_few_inputs_and_column_strides_1_and_2(monkeypatch):

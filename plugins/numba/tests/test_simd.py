@@ -3,7 +3,7 @@ at unaligned offsets, broadcasts, fused multiply-adds rounded once, and the 8x8 
 between runs of any stride; anything but a 1-D C-contiguous float32 array (a strided view
 would be read as if contiguous) is refused when the kernel is typed. The sixteen-lane row
 operations of the strided pools: masked loads and stores, the even/odd/next shuffles, the two
-maxima and the NaN test. The Relu and sum the 1x1 tiles finish their sums with; the
+maxima and the NaN test. The clamp and sum the 1x1 tiles finish their sums with; the
 product, lane selection and maximum over lanes of the attention rows."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import pytest
 from onemodel.numba._simd import (
     add8,
     add16,
+    clamp8,
+    clamp16,
     evens16,
     first8,
     fma8,
@@ -28,11 +30,8 @@ from onemodel.numba._simd import (
     mul8,
     next16,
     odds16,
-    relu6_8,
-    relu6_16,
-    relu8,
-    relu16,
     splat8,
+    splat16,
     store8,
     store16,
     store16_masked,
@@ -145,26 +144,32 @@ def test_sixteen_lane_row_operations_compute_what_numpy_computes(at, lo, hi, n):
 
 
 @numba.njit(cache=False)
-def _finished(x, y, out8, out16):
-    """relu(x + y) by the eight- and sixteen-lane operations, vector by vector."""
+def _finished(x, y, lo, hi, out8, out16):
+    """clamp(x + y, lo, hi) by the eight- and sixteen-lane operations, vector by vector."""
+    l8, h8, l16, h16 = splat8(lo), splat8(hi), splat16(lo), splat16(hi)
     for i in range(0, x.shape[0], 8):
-        store8(out8, i, relu8(add8(load8(x, i), load8(y, i))))
+        store8(out8, i, clamp8(add8(load8(x, i), load8(y, i)), l8, h8))
     for i in range(0, x.shape[0], 16):
-        store16(out16, i, relu16(add16(load16(x, i), load16(y, i))))
+        store16(out16, i, clamp16(add16(load16(x, i), load16(y, i)), l16, h16))
 
 
-def test_relu_keeps_nan_and_negative_zero_as_the_kernels_relu_does():
-    """The lanes' Relu is conv.py's ``zero if v < zero else v`` bit for bit: NaN stays NaN,
-    -0.0 stays -0.0 (``np.maximum(v, 0)`` would give +0.0), -inf becomes 0."""
-    x = np.array([1.5, -2.0, -0.0, 0.0, np.nan, -np.inf, np.inf, 3e-45] * 4, np.float32)
+@pytest.mark.parametrize("act", ["Relu", "Relu6", "none"])
+def test_clamp_is_the_kernels_relu_and_relu6_bit_for_bit(act):
+    """Clamped to (0, inf) the lanes are conv.py's Relu, to (0, 6) its Relu6, to (-inf, inf)
+    untouched: NaN stays NaN, -0.0 stays -0.0 (``np.maximum(v, 0)`` would give +0.0), -inf
+    becomes 0."""
+    lo, hi = {"Relu": (0.0, np.inf), "Relu6": (0.0, 6.0), "none": (-np.inf, np.inf)}[act]
+    x = np.array([1.5, -2.0, -0.0, 0.0, np.nan, -np.inf, np.inf, 7.5] * 4, np.float32)
     y = np.zeros(32, np.float32)
     y[::3] = np.float32(-0.0)
     y[8:16] = -x[8:16]  # sums of exactly zero, and inf - inf = NaN
     out8 = np.full(32, 7.0, np.float32)
     out16 = np.full(32, 7.0, np.float32)
-    _finished(x, y, out8, out16)
-    s = x + y
-    want = np.where(s < 0, np.float32(0), s)
+    _finished(x, y, np.float32(lo), np.float32(hi), out8, out16)
+    v = x + y
+    want = v if act == "none" else np.where(v < 0, np.float32(0), v)
+    if act == "Relu6":
+        want = np.where(want > 6, np.float32(6), want)
     assert np.isnan(want).sum() == 6 and (np.signbit(want) & (want == 0)).any()
     np.testing.assert_array_equal(out8.view(np.uint32), want.view(np.uint32))
     np.testing.assert_array_equal(out16.view(np.uint32), want.view(np.uint32))
@@ -198,23 +203,3 @@ def test_row_maximum_operations_compute_what_numpy_computes(n):
     assert _row_ops(z, y, n, out) == -np.inf
     z[3] = -2.5
     assert _row_ops(z, y, n, out) == -2.5
-
-
-@numba.njit(cache=False)
-def _clipped(x, out8, out16):
-    for i in range(0, x.shape[0], 8):
-        store8(out8, i, relu6_8(load8(x, i)))
-    for i in range(0, x.shape[0], 16):
-        store16(out16, i, relu6_16(load16(x, i)))
-
-
-def test_relu6_is_the_kernels_relu6_lane_by_lane():
-    """0 below 0, 6 above 6, NaN and -0.0 as they are: conv.py's ``_relu6``."""
-    x = np.array([7.5, 6.0, 5.999, -1.0, -0.0, np.nan, np.inf, -np.inf] * 4, np.float32)
-    out8 = np.zeros(32, np.float32)
-    out16 = np.zeros(32, np.float32)
-    _clipped(x, out8, out16)
-    want = np.where(x < 0, np.float32(0), x)
-    want = np.where(want > 6, np.float32(6), want)
-    np.testing.assert_array_equal(out8.view(np.uint32), want.view(np.uint32))
-    np.testing.assert_array_equal(out16.view(np.uint32), want.view(np.uint32))

@@ -14,8 +14,8 @@ intrinsic; the type has no Python value and never leaves a compiled function.
 - ``fma8(a, b, c)``: ``a * b + c`` lane by lane, rounded once (``llvm.fma``).
 - ``transpose8x8(src, s0, sstride, dst, d0, dstride)``: eight runs of eight read, transposed
   in registers, written as eight runs.
-- ``add8(a, b)``: ``a + b``; ``relu8(v)`` and ``relu6_8(v)``: conv.py's Relu and Relu6 lane
-  by lane, for kernels that finish their sums in registers before storing them.
+- ``add8(a, b)``: ``a + b``; ``clamp8(v, lo, hi)``: ``v`` clamped lane by lane, NaN passing
+  (conv.py's Relu and Relu6, for kernels that finish their sums in registers).
 - ``mul8(a, b)``: ``a * b``; ``first8(v, n, fill)``: ``v``'s first ``n`` lanes, ``fill`` in
   the rest; ``hmax8(v)``: the largest lane, NaN if one is NaN: a row's maximum over vectors.
 
@@ -25,7 +25,7 @@ CPU has them and numba's code generation keeps them whole (``_jit.WIDE_VECTORS``
 
 - ``max16(a, v)``: :func:`max8`'s running maximum on sixteen lanes; ``larger16(a, v)``: ``v``
   where ``v > a``, ``a`` elsewhere (one ``vmaxps``: a NaN in ``v`` is dropped), for kernels
-  that check for NaN apart: ``add16(a, b)`` and ``has_nan16(v)``; ``relu16(v)``, ``relu6_16(v)``.
+  that check for NaN apart: ``add16(a, b)`` and ``has_nan16(v)``; ``clamp16(v, lo, hi)``.
 - ``load16_masked(a, i, lo, hi, fill)``: lane ``l`` is ``a[i + l]`` where ``lo <= l < hi``,
   ``fill`` elsewhere; the lanes outside are not read, so ``i`` may point before ``a`` or
   ``i + 16`` past it (AVX-512's masked loads). ``store16_masked(a, i, n, v)`` writes lanes
@@ -180,19 +180,6 @@ def add8(typingctx, a, b):
 
 
 @intrinsic
-def relu8(typingctx, v):
-    """``0`` in the lanes where ``v < 0``, ``v`` elsewhere: conv.py's Relu lane by lane (NaN
-    and -0.0 stay as they are)."""
-    if v != f32x8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        zero = ir.Constant(_VEC, [0.0] * LANES)
-        return builder.select(builder.fcmp_ordered("<", args[0], zero), zero, args[0])
-    return f32x8(f32x8), codegen
-
-
-@intrinsic
 def mul8(typingctx, a, b):
     """``a * b`` lane by lane."""
     if not (a == b == f32x8):
@@ -239,22 +226,21 @@ def hmax8(typingctx, v):
 
 
 @intrinsic
-def relu6_8(typingctx, v):
-    """conv.py's Relu6 lane by lane: 0 where ``v < 0``, 6 where ``v > 6``, ``v`` elsewhere
-    (NaN passes)."""
-    if v != f32x8:
+def clamp8(typingctx, v, lo, hi):
+    """``lo`` in the lanes where ``v < lo``, ``hi`` where ``v > hi``, ``v`` elsewhere: NaN and
+    -0.0 pass. conv.py's Relu is (0, +inf), its Relu6 (0, 6), no activation (-inf, +inf): one
+    branch-free finish for the three (a branch per store made each tile kernel three)."""
+    if not (v == lo == hi == f32x8):
         return None
 
     def codegen(context, builder, sig, args):
-        return _clipped(builder, args[0], _VEC)
-    return f32x8(f32x8), codegen
+        return _clamped(builder, *args)
+    return f32x8(f32x8, f32x8, f32x8), codegen
 
 
-def _clipped(builder, v, vecty):
-    zero = ir.Constant(vecty, [0.0] * vecty.count)
-    six = ir.Constant(vecty, [6.0] * vecty.count)
-    v = builder.select(builder.fcmp_ordered("<", v, zero), zero, v)
-    return builder.select(builder.fcmp_ordered(">", v, six), six, v)
+def _clamped(builder, v, lo, hi):
+    v = builder.select(builder.fcmp_ordered("<", v, lo), lo, v)
+    return builder.select(builder.fcmp_ordered(">", v, hi), hi, v)
 
 
 @intrinsic
@@ -363,26 +349,14 @@ def add16(typingctx, a, b):
 
 
 @intrinsic
-def relu16(typingctx, v):
-    """:func:`relu8` on sixteen lanes."""
-    if v != f32x16:
+def clamp16(typingctx, v, lo, hi):
+    """:func:`clamp8` on sixteen lanes."""
+    if not (v == lo == hi == f32x16):
         return None
 
     def codegen(context, builder, sig, args):
-        zero = ir.Constant(args[0].type, [0.0] * 16)
-        return builder.select(builder.fcmp_ordered("<", args[0], zero), zero, args[0])
-    return f32x16(f32x16), codegen
-
-
-@intrinsic
-def relu6_16(typingctx, v):
-    """:func:`relu6_8` on sixteen lanes."""
-    if v != f32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return _clipped(builder, args[0], _VEC16)
-    return f32x16(f32x16), codegen
+        return _clamped(builder, *args)
+    return f32x16(f32x16, f32x16, f32x16), codegen
 
 
 @intrinsic

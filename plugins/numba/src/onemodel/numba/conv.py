@@ -23,7 +23,7 @@ import numpy as np
 
 from numba import prange, types
 from numba.extending import overload
-from onemodel.tensors.errors import ShapeError
+from onemodel.tensors.errors import DTypeError, ShapeError
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.nn import _convt_geometry, _geometry
 from onemodel.tensors.ops.specialize import CallSite, is_frozen, specializer
@@ -535,6 +535,19 @@ def _activate_in_place(a, a0, count, act, zero):
     elif act != 0:
         for k in range(count):
             a[U(a0 + k)] = _activate(a[U(a0 + k)], act, zero)
+
+
+@jit()
+def _clamp_bounds(act):
+    """(lo, hi, whether clamping to them is the activation) for kernels that finish their
+    sums in registers by one clamp (``_simd.clamp16``): a Relu (1) is (0, inf), a Relu6 (5)
+    (0, 6); other activations (applied after) and none pass everything."""
+    inf = np.float32(np.inf)
+    if act == 1:
+        return np.float32(0.0), inf, True
+    if act == 5:
+        return np.float32(0.0), np.float32(6.0), True
+    return -inf, inf, act == 0
 
 
 @jit(parallel=True)
@@ -1671,9 +1684,14 @@ def _run(X, W, bias, has_bias, act, group, plan, out, prepared=None):
     the per-call part, shared by the generic call and the plan-time specialized one
     (``prepared``: ``W`` laid out for the path once, see :func:`_prepared_weights`)."""
     path, shape, s, pb, d, k, chunk = plan
-    if out is not None and (out.shape != shape or not out.flags.c_contiguous):
+    if out is not None and (out.shape != shape or not out.flags.c_contiguous or
+                            out.dtype != X.dtype):
         if out.shape != shape:  # the kernels index out unchecked: never past its end
             raise ShapeError(f"Conv: out= has shape {out.shape}, the result {shape}")
+        if out.dtype != X.dtype:  # bound machine code checks only the item size: an int32
+            # out would take float32 bits
+            raise DTypeError(f"Conv: out= has dtype {out.dtype}, the result {X.dtype}; "
+                             "pass an out= of the inputs' dtype, or none")
         out[...] = _run(X, W, bias, has_bias, act, group, plan, None, prepared)
         return out  # a strided out (the kernels write C-contiguous arrays) gets a copy
     y = np.empty(shape, X.dtype) if out is None else out

@@ -26,14 +26,13 @@ import numpy as np
 from . import _jit
 from ._jit import jit
 from ._simd import (
+    clamp16,
     evens16,
     fma16,
     host_has_avx512,
     load16,
     load16_masked,
     odds16,
-    relu6_16,
-    relu16,
     splat16,
     store16,
     store16_masked,
@@ -42,7 +41,7 @@ from ._simd import (
 # _rows compiles conv._activate_in_place into its own machine code; numba would keep that
 # code cached after a change to conv.py alone, so the package's cache is dropped whenever
 # any of its sources change (_cache.py)
-from .conv import PreparedCall, U, _activate_in_place
+from .conv import PreparedCall, U, _activate_in_place, _clamp_bounds
 
 MAX_INPUTS = 4  # input channels: a stem's image (the tiles take convolutions of more)
 BLOCK = 8  # output channels per tile
@@ -144,6 +143,8 @@ def _rows(x, wp, bias, has_bias, act, sh, sw, ph, pw, kh, kw, hp, wph, y):
                 toff[t] = ((ch * hp + ky) * sw + kx % sw) * wph + kx // sw
                 t += 1
     bs = np.empty(8, np.float32)
+    low, high, done = _clamp_bounds(act)
+    lo, hi = splat16(low), splat16(high)
     for img in range(n):
         for mb in range(0, m, 8):
             wb = (mb // 8) * taps * 8
@@ -198,16 +199,15 @@ def _rows(x, wp, bias, has_bias, act, sh, sw, ph, pw, kh, kw, hp, wph, y):
                         w_ = splat16(wp[U(wo + 7)])
                         a7 = fma16(w_, va, a7)
                         c7 = fma16(w_, vc, c7)
-                    if act == 1:
-                        a0, a1, a2, a3 = relu16(a0), relu16(a1), relu16(a2), relu16(a3)
-                        a4, a5, a6, a7 = relu16(a4), relu16(a5), relu16(a6), relu16(a7)
-                        c0, c1, c2, c3 = relu16(c0), relu16(c1), relu16(c2), relu16(c3)
-                        c4, c5, c6, c7 = relu16(c4), relu16(c5), relu16(c6), relu16(c7)
-                    elif act == 5:  # Relu6 (MobileNetV2's)
-                        a0, a1, a2, a3 = relu6_16(a0), relu6_16(a1), relu6_16(a2), relu6_16(a3)
-                        a4, a5, a6, a7 = relu6_16(a4), relu6_16(a5), relu6_16(a6), relu6_16(a7)
-                        c0, c1, c2, c3 = relu6_16(c0), relu6_16(c1), relu6_16(c2), relu6_16(c3)
-                        c4, c5, c6, c7 = relu6_16(c4), relu6_16(c5), relu6_16(c6), relu6_16(c7)
+                    # a Relu or Relu6 as one clamp (no activation: none that bites)
+                    a0, a1, a2, a3 = clamp16(a0, lo, hi), clamp16(a1, lo, hi), \
+                        clamp16(a2, lo, hi), clamp16(a3, lo, hi)
+                    a4, a5, a6, a7 = clamp16(a4, lo, hi), clamp16(a5, lo, hi), \
+                        clamp16(a6, lo, hi), clamp16(a7, lo, hi)
+                    c0, c1, c2, c3 = clamp16(c0, lo, hi), clamp16(c1, lo, hi), \
+                        clamp16(c2, lo, hi), clamp16(c3, lo, hi)
+                    c4, c5, c6, c7 = clamp16(c4, lo, hi), clamp16(c5, lo, hi), \
+                        clamp16(c6, lo, hi), clamp16(c7, lo, hi)
                     left = ow - x0  # pixels of this row from x0: more than 32 stores 32
                     out = ((img * m + mb) * oh + oy) * ow + x0
                     step = oh * ow
@@ -227,7 +227,7 @@ def _rows(x, wp, bias, has_bias, act, sh, sw, ph, pw, kh, kw, hp, wph, y):
                         _store_pair(yf, out + 6 * step, left, a6, c6)
                     if nch > 7:
                         _store_pair(yf, out + 7 * step, left, a7, c7)
-                    if act > 1 and act != 5:  # others over the stored pixels, still in L1
+                    if not done:  # other activations over the stored pixels, in L1
                         for o in range(nch):
                             _activate_in_place(yf, out + o * step, min(left, 32), act, zero)
 
@@ -250,7 +250,7 @@ class ConvRows(PreparedCall):
 
     def __init__(self, w: np.ndarray, plan, xshape):
         self.hp, self.wph = _phase_shape(xshape, plan)
-        self.kh, self.kw = w.shape[2], w.shape[3]
+        self.kh, self.kw = plan[5]  # the window the planes were sized for
         self.wp = weights(w)
         self.bound = [None]  # the kernel's machine code (_jit.entry), bound at the first call
 
