@@ -1917,6 +1917,18 @@ class PreparedCall:
         raise NotImplementedError
 
 
+def bound_call(slot: list, kernel, args, y):
+    """``kernel(*args)`` (its output ``y``, the last argument) by the machine code bound in
+    ``slot`` at the first call: every call's arrays have the first's dtype, rank and layout
+    (the caller's checks), so it takes them without numba's dispatch. A read-only ``y`` goes
+    through the dispatch, which refuses it (the bound code would not). Returns ``y``."""
+    if not y.flags.writeable:
+        kernel(*args)
+        return y
+    (slot[0] or _jit.bind(slot, kernel, args))(*args)
+    return y
+
+
 class _Winograd(PreparedCall):
     """Weights transformed for :mod:`.winograd` (U, (16, M, C)) and its ``run``."""
 

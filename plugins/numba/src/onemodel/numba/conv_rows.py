@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _jit
 from ._jit import jit
 from ._simd import (
     clamp16,
@@ -41,7 +40,7 @@ from ._simd import (
 # _rows compiles conv._activate_in_place into its own machine code; numba would keep that
 # code cached after a change to conv.py alone, so the package's cache is dropped whenever
 # any of its sources change (_cache.py)
-from .conv import PreparedCall, U, _activate_in_place, _clamp_bounds
+from .conv import PreparedCall, U, _activate_in_place, _clamp_bounds, bound_call
 
 MAX_INPUTS = 4  # input channels: a stem's image (the tiles take convolutions of more)
 BLOCK = 8  # output channels per tile
@@ -159,46 +158,48 @@ def _rows(x, wp, bias, has_bias, act, sh, sw, ph, pw, kh, kw, hp, wph, y):
                     c0, c1, c2, c3, c4, c5, c6, c7 = a0, a1, a2, a3, a4, a5, a6, a7
                     base = (img * c * hp + oy * sh) * sw * wph + x0
                     one = ow - x0 <= 16  # one vector left: eight sums (c* stay the bias)
-                    for t in range(taps if one else 0):
-                        va = load16(planes, U(base + toff[t]))
-                        wo = wb + t * 8
-                        a0 = fma16(splat16(wp[U(wo)]), va, a0)
-                        a1 = fma16(splat16(wp[U(wo + 1)]), va, a1)
-                        a2 = fma16(splat16(wp[U(wo + 2)]), va, a2)
-                        a3 = fma16(splat16(wp[U(wo + 3)]), va, a3)
-                        a4 = fma16(splat16(wp[U(wo + 4)]), va, a4)
-                        a5 = fma16(splat16(wp[U(wo + 5)]), va, a5)
-                        a6 = fma16(splat16(wp[U(wo + 6)]), va, a6)
-                        a7 = fma16(splat16(wp[U(wo + 7)]), va, a7)
-                    for t in range(0 if one else taps):
-                        at = base + toff[t]
-                        va = load16(planes, U(at))
-                        vc = load16(planes, U(at + 16))
-                        wo = wb + t * 8
-                        w_ = splat16(wp[U(wo)])
-                        a0 = fma16(w_, va, a0)
-                        c0 = fma16(w_, vc, c0)
-                        w_ = splat16(wp[U(wo + 1)])
-                        a1 = fma16(w_, va, a1)
-                        c1 = fma16(w_, vc, c1)
-                        w_ = splat16(wp[U(wo + 2)])
-                        a2 = fma16(w_, va, a2)
-                        c2 = fma16(w_, vc, c2)
-                        w_ = splat16(wp[U(wo + 3)])
-                        a3 = fma16(w_, va, a3)
-                        c3 = fma16(w_, vc, c3)
-                        w_ = splat16(wp[U(wo + 4)])
-                        a4 = fma16(w_, va, a4)
-                        c4 = fma16(w_, vc, c4)
-                        w_ = splat16(wp[U(wo + 5)])
-                        a5 = fma16(w_, va, a5)
-                        c5 = fma16(w_, vc, c5)
-                        w_ = splat16(wp[U(wo + 6)])
-                        a6 = fma16(w_, va, a6)
-                        c6 = fma16(w_, vc, c6)
-                        w_ = splat16(wp[U(wo + 7)])
-                        a7 = fma16(w_, va, a7)
-                        c7 = fma16(w_, vc, c7)
+                    if one:
+                        for t in range(taps):
+                            va = load16(planes, U(base + toff[t]))
+                            wo = wb + t * 8
+                            a0 = fma16(splat16(wp[U(wo)]), va, a0)
+                            a1 = fma16(splat16(wp[U(wo + 1)]), va, a1)
+                            a2 = fma16(splat16(wp[U(wo + 2)]), va, a2)
+                            a3 = fma16(splat16(wp[U(wo + 3)]), va, a3)
+                            a4 = fma16(splat16(wp[U(wo + 4)]), va, a4)
+                            a5 = fma16(splat16(wp[U(wo + 5)]), va, a5)
+                            a6 = fma16(splat16(wp[U(wo + 6)]), va, a6)
+                            a7 = fma16(splat16(wp[U(wo + 7)]), va, a7)
+                    else:
+                        for t in range(taps):
+                            at = base + toff[t]
+                            va = load16(planes, U(at))
+                            vc = load16(planes, U(at + 16))
+                            wo = wb + t * 8
+                            w_ = splat16(wp[U(wo)])
+                            a0 = fma16(w_, va, a0)
+                            c0 = fma16(w_, vc, c0)
+                            w_ = splat16(wp[U(wo + 1)])
+                            a1 = fma16(w_, va, a1)
+                            c1 = fma16(w_, vc, c1)
+                            w_ = splat16(wp[U(wo + 2)])
+                            a2 = fma16(w_, va, a2)
+                            c2 = fma16(w_, vc, c2)
+                            w_ = splat16(wp[U(wo + 3)])
+                            a3 = fma16(w_, va, a3)
+                            c3 = fma16(w_, vc, c3)
+                            w_ = splat16(wp[U(wo + 4)])
+                            a4 = fma16(w_, va, a4)
+                            c4 = fma16(w_, vc, c4)
+                            w_ = splat16(wp[U(wo + 5)])
+                            a5 = fma16(w_, va, a5)
+                            c5 = fma16(w_, vc, c5)
+                            w_ = splat16(wp[U(wo + 6)])
+                            a6 = fma16(w_, va, a6)
+                            c6 = fma16(w_, vc, c6)
+                            w_ = splat16(wp[U(wo + 7)])
+                            a7 = fma16(w_, va, a7)
+                            c7 = fma16(w_, vc, c7)
                     # a Relu or Relu6 as one clamp (no activation: none that bites)
                     a0, a1, a2, a3 = clamp16(a0, lo, hi), clamp16(a1, lo, hi), \
                         clamp16(a2, lo, hi), clamp16(a3, lo, hi)
@@ -252,17 +253,11 @@ class ConvRows(PreparedCall):
         self.hp, self.wph = _phase_shape(xshape, plan)
         self.kh, self.kw = plan[5]  # the window the planes were sized for
         self.wp = weights(w)
-        self.bound = [None]  # the kernel's machine code (_jit.entry), bound at the first call
+        self.bound = [None]  # the kernel's machine code (conv.bound_call)
 
     def run(self, X, bias, has_bias, act, plan, y):
         """The convolution of C-contiguous float32 ``X`` into ``y`` (C-contiguous)."""
         s, pb = plan[2], plan[3]
         args = (X, self.wp, bias, has_bias, act, s[0], s[1], pb[0], pb[1], self.kh, self.kw,
                 self.hp, self.wph, y)
-        if not y.flags.writeable:  # numba's dispatch refuses it; the bound code would not
-            _rows(*args)
-            return y
-        # every call's arrays have the first's dtype, rank and layout (the caller's checks),
-        # so the machine code bound at the first call takes them without numba's dispatch
-        (self.bound[0] or _jit.bind(self.bound, _rows, args))(*args)
-        return y
+        return bound_call(self.bound, _rows, args, y)

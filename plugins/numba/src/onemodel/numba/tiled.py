@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _jit
 from ._jit import jit
 from ._prefetch import prefetch
 from ._simd import (
@@ -43,7 +42,7 @@ from ._simd import (
 # _tiles compiles conv._activate_in_place into its own machine code; numba would keep that
 # code cached after a change to conv.py alone, so the package's cache is dropped whenever
 # any of its sources change (_cache.py)
-from .conv import PreparedCall, U, _activate_in_place
+from .conv import PreparedCall, U, _activate_in_place, bound_call
 
 BLOCK = 32  # output channels per tile: four vectors of eight
 MID_BLOCK = 16  # for 12-16 output channels: two vectors (_tiles16)
@@ -710,10 +709,4 @@ class Tiled(PreparedCall):
         pb = plan[3]
         args = (X, self.wp, self.xoff, self.pix_in, bias, has_bias, act, pb[0], pb[1], self.hp,
                 self.wq, y)
-        if not y.flags.writeable:  # numba's dispatch refuses it; the bound code would not
-            self.kernel(*args)
-            return y
-        # every call's arrays have the first's dtype, rank and layout (the caller's checks),
-        # so the machine code bound at the first call takes them without numba's dispatch
-        (self.bound[0] or _jit.bind(self.bound, self.kernel, args))(*args)
-        return y
+        return bound_call(self.bound, self.kernel, args, y)
