@@ -227,6 +227,18 @@ CASES = [
     ("GRU", [(4, 3, 3), (2, 48, 3), (2, 48, 16), (2, 96)], dict(direction="bidirectional")),
     ("GRU", [(2, 5, 3), (1, 30, 3), (1, 30, 10)], dict(direction="reverse", layout=1,
                                                        linear_before_reset=1)),
+    # a classifier's loss: a mean, a sum over class weights with a label ignored, per sample
+    # over a thousand classes with int32 labels; and the gradients of the same
+    ("SoftmaxCrossEntropyLoss", [(13, 7), ("labels", 13, 7)], {}),
+    ("SoftmaxCrossEntropyLoss", [(13, 7), ("labels", 13, 7), (7,)],
+     dict(reduction="sum", ignore_index=3)),
+    ("SoftmaxCrossEntropyLoss", [(9, 1000), ("labels32", 9, 1000)],
+     dict(reduction="none", ignore_index=5)),
+    ("SoftmaxCrossEntropyLossGrad", [(13, 7), ("labels", 13, 7), ()], {}),
+    ("SoftmaxCrossEntropyLossGrad", [(13, 7), ("labels", 13, 7), (), (7,)],
+     dict(reduction="sum", ignore_index=3)),
+    ("SoftmaxCrossEntropyLossGrad", [(9, 1000), ("labels32", 9, 1000), (9,)],
+     dict(reduction="none", ignore_index=5)),
 ]
 
 # ops whose numba kernel claims float32 only: for float64 its supports check must refuse
@@ -242,13 +254,16 @@ def _make(spec, rng, dtype, attrs_of_case):
         return rng.uniform(0.5, 2.0, spec[1]).astype(dtype)
     if isinstance(spec, tuple) and spec and spec[0] == "out":
         return None  # filled in by the caller
+    if isinstance(spec, tuple) and spec and spec[0] in ("labels", "labels32"):  # class indices
+        return rng.integers(0, spec[2], spec[1]).astype(
+            np.int64 if spec[0] == "labels" else np.int32)
     return (rng.standard_normal(spec) * 2).astype(dtype)
 
 
 def _strided(a: np.ndarray | None) -> np.ndarray | None:
     """The same values in a non-contiguous array (every other element of a bigger one)."""
-    if a is None:
-        return None
+    if a is None or a.ndim == 0:
+        return a
     big = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
     big[..., ::2] = a
     view = big[..., ::2]
@@ -553,6 +568,10 @@ _MISSHAPEN = [
     ("InstanceNormalization", (_f32(2, 4, 3), _f32(4), _f32(3)), {}),
     ("ConvTranspose", (_f32(1, 3, 4, 4), _f32(3, 2, 3, 3)), dict(strides=[0, 1])),
     ("ConvTranspose", (_f32(1, 3, 4, 4), _f32(3, 2, 3, 3)), dict(output_padding=[-1, 0])),
+    # labels outside the classes: the reference's OneModelError, not an index past a row
+    ("SoftmaxCrossEntropyLoss", (_f32(4, 3), np.array([0, 3, 1, 2])), {}),
+    ("SoftmaxCrossEntropyLoss", (_f32(4, 3), np.array([0, -1, 1, 2])), dict(ignore_index=-100)),
+    ("SoftmaxCrossEntropyLossGrad", (_f32(4, 3), np.array([0, 1, 7, 2]), _f32()), {}),
 ]
 
 

@@ -169,6 +169,16 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                   label_smoothing: float = 0.0) -> Tensor:
     """Cross entropy of logits ``input`` (classes on axis 1) against class indices or class
     probabilities (a floating ``target`` of the input's shape)."""
+    if target.dtype in (DType.I64, DType.I32) and input.ndim >= 2 and not label_smoothing \
+            and input.dtype.is_floating:
+        # one op forward and one gradient rule back (SoftmaxCrossEntropyLoss), not the eleven
+        # calls of log-softmax, picking and sum: 134 -> 48 us on 64 x 10 (PyTorch: 42)
+        if reduction not in ("mean", "sum", "none"):
+            raise OneModelError(
+                f"reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
+        w = None if weight is None else weight.cast(input.dtype)
+        return dispatch("SoftmaxCrossEntropyLoss", (input, target, w),
+                        {"ignore_index": ignore_index, "reduction": reduction})[0]
     logp = input.log_softmax(1)
     c = input.shape[1]
     shape_w = (1, c) + (1,) * (input.ndim - 2)

@@ -48,6 +48,10 @@ KERNELS: dict[str, tuple[str, str]] = {
     "FusedMatMul": (f"{_K}.gemm:fused_matmul", f"{_K}.support:fused_matmul"),
     "Resize": (f"{_K}.resize:resize", f"{_K}.support:resize"),
     "LSTM": (f"{_K}.recurrent:lstm", f"{_K}.support:lstm"),
+    "SoftmaxCrossEntropyLoss": (f"{_K}.loss:softmax_cross_entropy_loss",
+                                f"{_K}.support:cross_entropy"),
+    "SoftmaxCrossEntropyLossGrad": (f"{_K}.loss:softmax_cross_entropy_loss_grad",
+                                    f"{_K}.support:cross_entropy"),
     "GRU": (f"{_K}.recurrent:gru", f"{_K}.support:gru"),
 }
 

@@ -100,6 +100,14 @@ def relu_grad(Y, dY):
     return _float(Y, dY) and Y.shape == dY.shape
 
 
+def cross_entropy(scores, labels, *rest, ignore_index=None, reduction="mean"):
+    """SoftmaxCrossEntropyLoss (and its gradient) of (N, C) float32/float64 scores by (N,)
+    integer labels; the kernels give other calls, and a label outside the classes, to the
+    reference."""
+    return scores.ndim == 2 and scores.dtype in _FLOATS and labels.ndim == 1 and \
+        labels.dtype.kind == "i"
+
+
 def same_float(*inputs, program=()):
     """Every input float32, or every input float64."""
     return bool(inputs) and _float(*inputs)

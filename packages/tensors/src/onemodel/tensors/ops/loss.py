@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import OneModelError, ShapeError
 from ..symbolic import format_shape
-from ._grad import call
+from ._grad import call, ints
 from .base import TensorSpec, defop
 
 
@@ -181,7 +181,7 @@ def _weighted_nll(log_prob, target, weight, ignore_index, reduction):
     picked = np.take_along_axis(log_prob, np.expand_dims(safe, 1), axis=1).squeeze(1)
     w = np.ones(c, log_prob.dtype) if weight is None else weight
     sample_w = np.where(valid, w[safe], 0).astype(log_prob.dtype)
-    loss = -picked * sample_w
+    loss = np.where(valid, -picked * sample_w, 0)  # an ignored sample's is 0, whatever its scores
     if reduction == "none":
         return loss.astype(log_prob.dtype)
     if reduction == "sum":
@@ -201,11 +201,87 @@ def _sce_shape(specs, *, ignore_index=None, reduction="mean"):
     return [_nll_shape(specs, reduction=reduction), TensorSpec(scores.shape, scores.dtype)]
 
 
-@defop("SoftmaxCrossEntropyLoss", shape=_sce_shape, outputs=("output", "log_prob"))
+def _sample_weights(labels: np.ndarray, weights, ignore_index, reduction: str, classes: int):
+    """(labels as int64 with ignored samples at class 0, each sample's weight: its class's,
+    zero where ignored, divided by the kept weights' sum for a ``mean``) in float64. With
+    nothing kept the weights stay zero: the gradient of that NaN mean is 0, as PyTorch's."""
+    t = labels.astype(np.int64, copy=False)
+    valid = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index
+    safe = t if valid.all() else np.where(valid, t, 0)
+    w = np.ones(classes, np.float64) if weights is None else weights.astype(np.float64)
+    sample_w = np.where(valid, w[safe], 0.0)
+    total = sample_w.sum()
+    if reduction == "mean" and total != 0:
+        sample_w = sample_w / total
+    return safe, sample_w
+
+
+def _sce_grad(ctx, g, g_log_prob):
+    """The scores' gradient (:func:`softmax_cross_entropy_loss_grad`), plus, where
+    ``log_prob`` was used on, its own gradient through log-softmax. Under ``create_graph`` the
+    same from differentiable ops, so a second derivative goes through it. Labels and class
+    weights get none."""
+    from ..autograd import grad_mode
+
+    labels = ctx.inputs[1]
+    weights = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    log_prob = ctx.outputs[1]
+    attrs = ctx.attrs
+    if not grad_mode.enabled:
+        grad = call("SoftmaxCrossEntropyLossGrad", log_prob, labels, g, weights, **attrs)
+    else:
+        safe, sample_w = _sample_weights(
+            labels._host(), None if weights is None else weights._host(),
+            attrs["ignore_index"], attrs["reduction"], log_prob.shape[1])
+        dtype = log_prob.dtype.numpy
+        picks = np.zeros(tuple(log_prob.shape), dtype)
+        np.put_along_axis(picks, np.expand_dims(safe, 1),
+                          np.expand_dims(sample_w, 1).astype(dtype), axis=1)
+        tensor = _tensor_like(log_prob)
+        if attrs["reduction"] == "none":  # a gradient per sample: over its classes
+            g = g.reshape(g.shape[0], 1, *g.shape[1:])
+        kept = tensor(np.expand_dims(sample_w, 1).astype(dtype))
+        grad = call("Mul", call("Sub", call("Mul", call("Exp", log_prob), kept), tensor(picks)),
+                    g)
+    if np.any(g_log_prob._host()):
+        spread = call("ReduceSum", g_log_prob, ints([1]), keepdims=1)
+        grad = call("Add", grad, call("Sub", g_log_prob,
+                                      call("Mul", call("Exp", log_prob), spread)))
+    return grad, None, None
+
+
+def _tensor_like(like):
+    """A host array to a Tensor on ``like``'s device."""
+    from ..devices import to_device
+    from ..tensor import Tensor
+
+    return lambda a: Tensor._wrap(a if like.device == "cpu" else to_device(a, like.device),
+                                  like.device)
+
+
+@defop("SoftmaxCrossEntropyLossGrad", traceable=False, domain="onemodel",
+       shape=lambda specs, **a: TensorSpec(specs[0].shape, specs[0].dtype))
+def softmax_cross_entropy_loss_grad(log_prob, labels, grad, weights=None, *, ignore_index=None,
+                                    reduction="mean"):
+    """The gradient of :func:`softmax_cross_entropy_loss`'s loss by its scores, from the
+    ``log_prob`` it returned and the loss's gradient ``grad`` (a scalar, or one per sample for
+    ``reduction="none"``): ``softmax * c - (c at each sample's label)``, ``c`` the sample's
+    weight (:func:`_sample_weights`) times its ``grad``."""
+    safe, sample_w = _sample_weights(labels, weights, ignore_index, reduction, log_prob.shape[1])
+    coef = np.expand_dims(sample_w * grad.astype(np.float64), 1)  # (N, 1, d...)
+    out = np.exp(log_prob.astype(np.float64)) * coef
+    picked = np.take_along_axis(out, np.expand_dims(safe, 1), axis=1) - coef
+    np.put_along_axis(out, np.expand_dims(safe, 1), picked, axis=1)
+    return out.astype(log_prob.dtype)
+
+
+@defop("SoftmaxCrossEntropyLoss", shape=_sce_shape, grad=_sce_grad,
+       outputs=("output", "log_prob"))
 def softmax_cross_entropy_loss(scores, labels, weights=None, *, ignore_index=None,
                                reduction="mean"):
     """ONNX SoftmaxCrossEntropyLoss: log-softmax over axis 1, then NLL; also returns it."""
     x = scores.astype(np.float64)
     shifted = x - x.max(axis=1, keepdims=True)
     log_prob = (shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))).astype(scores.dtype)
-    return _weighted_nll(log_prob, labels, weights, ignore_index, reduction), log_prob
+    with np.errstate(invalid="ignore", divide="ignore"):  # a mean over no kept sample: NaN
+        return _weighted_nll(log_prob, labels, weights, ignore_index, reduction), log_prob
