@@ -99,7 +99,7 @@ def test_an_ignored_sample_costs_nothing_whatever_its_scores():
     np.testing.assert_allclose(loss[1], -torch.log_softmax(torch.tensor(x[1]), 0)[1].item())
 
 
-def test_every_sample_ignored_gives_nan_gradient_as_torch():
+def test_every_sample_ignored_gives_a_nan_loss_and_a_zero_gradient_as_torch():
     x = np.random.default_rng(5).standard_normal((3, 4))
     y = np.full(3, 7)
     ours = _t(x, grad=True)
@@ -108,4 +108,35 @@ def test_every_sample_ignored_gives_nan_gradient_as_torch():
     theirs = torch.tensor(x, requires_grad=True)
     _torch_loss(theirs, y, None, 7, "mean").backward()
     assert np.isnan(loss.item())
-    np.testing.assert_array_equal(np.isnan(ours.grad.numpy()), np.isnan(theirs.grad.numpy()))
+    np.testing.assert_array_equal(ours.grad.numpy(), theirs.grad.numpy())
+    assert not ours.grad.numpy().any()
+
+
+def test_second_derivative_through_cross_entropy_that_drops_log_prob():
+    """training's cross_entropy keeps only the loss: the rule must not take the node's
+    log-probabilities for a constant under create_graph."""
+    from onemodel.training import losses
+
+    rng = np.random.default_rng(6)
+    x, v = rng.standard_normal((4, 5)), rng.standard_normal((4, 5))
+    y = np.array([1, 0, 4, 2])
+    ours = _t(x, grad=True)
+    loss = losses.cross_entropy(ours, _t(y))
+    loss.backward(create_graph=True)
+    g = ours.grad
+    ours.grad = None
+    (g * _t(v)).sum().backward()
+    theirs = torch.tensor(x, requires_grad=True)
+    (tg,) = torch.autograd.grad(torch.nn.functional.cross_entropy(theirs, torch.tensor(y)),
+                                theirs, create_graph=True)
+    (tg * torch.tensor(v)).sum().backward()
+    np.testing.assert_allclose(g.numpy(), tg.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_a_kept_label_outside_the_classes_is_refused_by_the_gradient_too():
+    from onemodel.tensors import OneModelError
+
+    with pytest.raises(OneModelError, match=r"class indices in \[0, 3\).*got -1"):
+        OPS["SoftmaxCrossEntropyLossGrad"].kernel(np.zeros((2, 3)), np.array([0, -1]),
+                                                  np.asarray(1.0))

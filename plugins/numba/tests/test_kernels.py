@@ -627,3 +627,17 @@ def test_reduce_mean_over_other_axes_takes_the_reference(axes, kwargs):
             kernel(x, a, **kwargs)
         return
     np.testing.assert_allclose(kernel(x, a, **kwargs), want, **TOL[np.float32])
+
+
+def test_cross_entropy_gradient_of_a_confident_row_is_rounded_once():
+    """At the label, softmax - 1 of a confident row is tiny: the kernel subtracts in float64
+    before it rounds, as the reference does (rounding exp(lp) * c to float32 first left one
+    float32 ulp of c, or 0)."""
+    kernel = registry.resolve(plugin.KERNELS["SoftmaxCrossEntropyLossGrad"][0])
+    lp = np.full((64, 3), -20.0, np.float32)
+    lp[:, 1] = [-1e-7, -1e-8] * 32
+    labels = np.ones(64, np.int64)
+    want = OPS["SoftmaxCrossEntropyLossGrad"].kernel(lp, labels, np.asarray(1.0, np.float32))
+    got = kernel(lp, labels, np.asarray(1.0, np.float32))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+    assert got[1, 1] != 0

@@ -19,6 +19,7 @@ from onemodel.numba import _simd, gemm, products
 def packing_everywhere(monkeypatch, serial):
     """One thread, any size, any CPU: every float32 Gemm below goes by the panels."""
     monkeypatch.setattr(gemm, "_PACKING_MIN_MACS", 0)
+    monkeypatch.setattr(gemm, "_PACKING_MIN_SIDE", 0)
     monkeypatch.setattr(_simd, "host_has_avx512", lambda: True)
 
 
@@ -166,6 +167,12 @@ def test_the_reference_keeps_what_the_panels_do_not_take(monkeypatch, calls):
     assert calls == []
     monkeypatch.setattr(gemm, "_PACKING_MIN_MACS", 16 ** 3 + 1)  # below the size
     _close(gemm.gemm(a, b), want, 16)
+    monkeypatch.setattr(gemm, "_PACKING_MIN_MACS", 0)
+    monkeypatch.setattr(gemm, "_PACKING_MIN_SIDE", 17)  # too few rows or columns to fill panels
+    _close(gemm.gemm(a, b), want, 16)
+    monkeypatch.setattr(gemm, "_PACKING_MIN_SIDE", 0)
+    aa = a.copy()  # an out= that is an operand: numpy copies first, so must this
+    _close(gemm.gemm(aa, b, out=aa), want, 16)
     monkeypatch.setattr(_simd, "host_has_avx512", lambda: False)  # no sixteen lanes
     monkeypatch.setattr(gemm, "_PACKING_MIN_MACS", 0)
     _close(gemm.gemm(a, b), want, 16)

@@ -90,6 +90,9 @@ def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None):
 # at batch 64, one thread, medians (Emerald Rapids): OpenBLAS 667 us a step, PyTorch 517, these
 # 549; 64 x 256 x 10 (164K) took 11.7 us against BLAS's 5.1
 _PACKING_MIN_MACS = 1 << 20
+# and at least this many rows and columns: a panel is 32 columns wide (x @ W.T computed as
+# (W @ x.T).T: 32 rows of x), so a matrix-vector product would be mostly padding
+_PACKING_MIN_SIDE = 8
 _NO_ROW = np.zeros(0, np.float32)
 
 
@@ -110,12 +113,13 @@ def _packing_product(A, B, C, trans_a, trans_b, out):
         return None
     m, k = A.shape[::-1] if trans_a else A.shape
     k2, n = B.shape[::-1] if trans_b else B.shape
-    if k != k2 or m * n * k < _PACKING_MIN_MACS or \
+    if k != k2 or m * n * k < _PACKING_MIN_MACS or min(m, n) < _PACKING_MIN_SIDE or \
             (C is not None and (C.ndim != 1 or C.shape[0] != n)):
         return None
     if out is not None and (out.shape != (m, n) or out.dtype != np.float32 or
-                            not out.flags.c_contiguous or not out.flags.writeable):
-        return None
+                            not out.flags.c_contiguous or not out.flags.writeable or
+                            np.may_share_memory(out, A) or np.may_share_memory(out, B)):
+        return None  # (numpy copies where out overlaps an operand; the kernel would not)
     sync_threads()
     if _jit._parallel:
         return None

@@ -2,8 +2,9 @@
 one pass a row (its maximum, the sum of its exps, its log-probabilities, the one its label
 picks), where the reference makes a dozen numpy calls. Why: a training step's loss on 64 x 10
 logits took 77 us of numpy forward and back, PyTorch's 42 (docs/benchmarks.md, "Twenty-eighth
-round"). Sums in float64, as the reference's; other ranks, and a label outside the classes
-(whose error the reference words), go to the reference kernels."""
+round"). The log-probabilities and gradients in float64, rounded once, as the reference's (the
+loss's sum too, where the reference sums float32 terms: a few ulp apart); other ranks, and a
+label outside the classes (whose error the reference words), go to the reference kernels."""
 
 from __future__ import annotations
 
@@ -83,11 +84,12 @@ def _grad_rows(log_prob, labels, g, per_sample, weights, has_weights, ignore_ind
     scale = 1.0 / total_w if mean and total_w != 0.0 else 1.0
     for i in range(n):
         coef = sample_w[i] * scale * np.float64(g[i] if per_sample else g[0])
+        t = -1 if has_ignore and labels[i] == ignore_index else labels[i]
         for j in range(c):
-            out[i, j] = math.exp(np.float64(log_prob[i, j])) * coef
-        if not (has_ignore and labels[i] == ignore_index):
-            t = labels[i]
-            out[i, t] = np.float64(out[i, t]) - coef
+            v = math.exp(np.float64(log_prob[i, j])) * coef
+            if j == t:  # in float64, rounded once: a confident row's p - 1 is tiny
+                v -= coef
+            out[i, j] = v
     return -1
 
 

@@ -204,9 +204,16 @@ def _sce_shape(specs, *, ignore_index=None, reduction="mean"):
 def _sample_weights(labels: np.ndarray, weights, ignore_index, reduction: str, classes: int):
     """(labels as int64 with ignored samples at class 0, each sample's weight: its class's,
     zero where ignored, divided by the kept weights' sum for a ``mean``) in float64. With
-    nothing kept the weights stay zero: the gradient of that NaN mean is 0, as PyTorch's."""
+    nothing kept the weights stay zero: the gradient of that NaN mean is 0, as PyTorch's. A
+    kept label outside the classes is refused, as the loss refuses it (a -1 would pick the
+    last class)."""
     t = labels.astype(np.int64, copy=False)
     valid = np.ones(t.shape, bool) if ignore_index is None else t != ignore_index
+    bad = valid & ((t < 0) | (t >= classes))
+    if bad.any():
+        also = "" if ignore_index is None else f" or ignore_index {ignore_index}"
+        raise OneModelError(f"target values must be class indices in [0, {classes}){also}; "
+                            f"got {int(t[bad][0])}")
     safe = t if valid.all() else np.where(valid, t, 0)
     w = np.ones(classes, np.float64) if weights is None else weights.astype(np.float64)
     sample_w = np.where(valid, w[safe], 0.0)
@@ -219,17 +226,19 @@ def _sample_weights(labels: np.ndarray, weights, ignore_index, reduction: str, c
 def _sce_grad(ctx, g, g_log_prob):
     """The scores' gradient (:func:`softmax_cross_entropy_loss_grad`), plus, where
     ``log_prob`` was used on, its own gradient through log-softmax. Under ``create_graph`` the
-    same from differentiable ops, so a second derivative goes through it. Labels and class
-    weights get none."""
+    same from differentiable ops on log-probabilities computed again from the scores (the
+    node's own output is a constant once nothing refers to it), so a second derivative goes
+    through it. Labels and class weights get none."""
     from ..autograd import grad_mode
 
     labels = ctx.inputs[1]
     weights = ctx.inputs[2] if len(ctx.inputs) > 2 else None
-    log_prob = ctx.outputs[1]
     attrs = ctx.attrs
     if not grad_mode.enabled:
+        log_prob = ctx.outputs[1]
         grad = call("SoftmaxCrossEntropyLossGrad", log_prob, labels, g, weights, **attrs)
     else:
+        log_prob = call("LogSoftmax", ctx.inputs[0], axis=1)
         safe, sample_w = _sample_weights(
             labels._host(), None if weights is None else weights._host(),
             attrs["ignore_index"], attrs["reduction"], log_prob.shape[1])
@@ -243,7 +252,7 @@ def _sce_grad(ctx, g, g_log_prob):
         kept = tensor(np.expand_dims(sample_w, 1).astype(dtype))
         grad = call("Mul", call("Sub", call("Mul", call("Exp", log_prob), kept), tensor(picks)),
                     g)
-    if np.any(g_log_prob._host()):
+    if np.any(g_log_prob._host()):  # (zeros where log_prob went unused)
         spread = call("ReduceSum", g_log_prob, ints([1]), keepdims=1)
         grad = call("Add", grad, call("Sub", g_log_prob,
                                       call("Mul", call("Exp", log_prob), spread)))
