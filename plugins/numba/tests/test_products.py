@@ -184,3 +184,37 @@ def test_more_threads_keep_blas(parallel_variants, calls):
     a, b = _operands(rng, 64, 64, 64, 0, 1)
     _close(gemm.gemm(a, b, transB=1), _want(a, b, None, 0, 1), 64)
     assert calls == []
+
+
+def test_an_mlp_trains_as_in_torch_with_the_panels(calls):
+    """Five SGD steps with momentum of an MLP (the training benchmark's, narrower) on one
+    thread: every product by the panels, the loss one SoftmaxCrossEntropyLoss op; the weights
+    after the steps against PyTorch's from the same start."""
+    from onemodel import training as T
+    from onemodel.tensors import Tensor
+
+    torch.manual_seed(0)
+    theirs = torch.nn.Sequential(torch.nn.Linear(200, 64), torch.nn.ReLU(),
+                                 torch.nn.Linear(64, 48), torch.nn.ReLU(),
+                                 torch.nn.Linear(48, 10))
+    ours = T.Sequential(T.Linear(200, 64), T.ReLU(), T.Linear(64, 48), T.ReLU(),
+                        T.Linear(48, 10))
+    ours.load_state_dict({k: v.detach().numpy().copy() for k, v in theirs.state_dict().items()})
+    t_opt = torch.optim.SGD(theirs.parameters(), 0.05, momentum=0.9)
+    o_opt = T.SGD(ours.parameters(), 0.05, momentum=0.9)
+    rng = np.random.default_rng(10)
+    for _ in range(5):
+        x = rng.standard_normal((32, 200)).astype(np.float32)
+        y = rng.integers(0, 10, 32)
+        t_opt.zero_grad()
+        torch.nn.functional.cross_entropy(theirs(torch.from_numpy(x)),
+                                          torch.from_numpy(y)).backward()
+        t_opt.step()
+        with T.ActivationScope():
+            o_opt.zero_grad()
+            T.losses.cross_entropy(ours(Tensor.from_numpy(x)), Tensor.from_numpy(y)).backward()
+            o_opt.step()
+    assert len(calls) >= 5 * 8  # three forward, three weight and two input gradients a step
+    for name, want in theirs.state_dict().items():
+        np.testing.assert_allclose(ours.state_dict()[name], want.numpy(), rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
