@@ -18,6 +18,13 @@ call, 0.15-0.46 us less per step): nothing from a model file reaches it, so comp
 executes no code a file brought. Slots are released (set to None) after their last reader
 exactly as in the loop, so memory is freed as early.
 
+A step whose call offers its kernel (``direct``, see ops/specialize.py) is written as a call of
+that kernel itself where the plan proves what the call would check: its inputs that are planned
+buffers of a step before it (``Planned``: their shape and dtype), constants, and its own output
+buffer. Its line is then a call of the kernel's machine code, with no Python frame in between::
+
+    o = views[1]; d3(v4, g3_1, g3_2, o)
+
 Errors still name the node: ``failed_step`` maps the line a kernel raised on back to its step
 and reads the step's inputs from the function's frame.
 """
@@ -26,6 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from types import TracebackType
+
+from onemodel.tensors.ops.specialize import Constant, Input, Output, Planned
 
 from . import buffers as _buffers
 
@@ -39,6 +48,7 @@ class CompiledSteps:
     def __init__(self, run: Callable, line_step: dict[int, int], consts: dict[str, object]):
         self.run = run
         self.edits = 0  # the count of step edits it was compiled after (planner.py)
+        self.threads = -1  # the thread setting's generation it was compiled under (planner.py)
         self._line_step = line_step
         self._consts = consts
 
@@ -61,12 +71,25 @@ class CompiledSteps:
 
 
 def compile_steps(steps: Sequence, input_slots: Sequence[int], output_slots: Sequence[int],
-                  template: Sequence) -> CompiledSteps:
-    """``steps`` (planner.Step) as one function that does what the step loop does."""
+                  template: Sequence, planned: Sequence[tuple] = ()) -> CompiledSteps:
+    """``steps`` (planner.Step) as one function that does what the step loop does.
+    ``planned[i]`` is planned buffer ``i``'s (shape, dtype): what a direct call may rely on."""
     inputs = set(input_slots)
     written = {o for st in steps for o in st.outs}
     ns: dict[str, object] = {"_into": _buffers.into, "_new": _buffers.new_arrays}
     consts: dict[str, object] = {}
+    # slots that hold a planned buffer at every run: the one output of a buffered step, which
+    # the step's line makes the buffer itself (``_into``)
+    buffered = {st.outs[0]: Planned(tuple(planned[st.buf][0]), planned[st.buf][1])
+                for st in steps if 0 <= st.buf < len(planned) and not st.multi
+                and not st.new_outputs}
+
+    def known(slot: int):
+        if slot in buffered:
+            return buffered[slot]
+        if slot in written or slot in inputs:
+            return None
+        return Constant(template[slot])
 
     def ref(slot: int) -> str:
         if slot in written or slot in inputs:
@@ -97,6 +120,14 @@ def compile_steps(steps: Sequence, input_slots: Sequence[int], output_slots: Seq
                 ns[f"s{k}"] = shape
                 call = f"{call} if {data}.shape == s{k} else c{k}({args})"
             lines.append(f"    o = {call}")
+        elif (direct := _direct_call(st, known, planned, ref)) is not None:
+            run, arguments = direct
+            ns[f"d{k}"] = run
+            for j, (name, value) in enumerate(arguments):
+                if name is None:
+                    ns[f"g{k}_{j}"] = value
+            passed = ", ".join(name or f"g{k}_{j}" for j, (name, _) in enumerate(arguments))
+            lines.append(f"    o = views[{st.buf}]; d{k}({passed})")
         elif st.buf >= 0:
             sep = ", " if args else ""
             lines.append(f"    b = views[{st.buf}]; o = c{k}({args}{sep}out=b)")
@@ -119,3 +150,30 @@ def compile_steps(steps: Sequence, input_slots: Sequence[int], output_slots: Seq
     ns.update(consts)
     exec(compile("\n".join(lines), _NAME, "exec"), ns)  # source made of slot numbers only
     return CompiledSteps(ns["run"], line_step, consts)
+
+
+def _direct_call(st, known, planned, ref):
+    """``(kernel, [(source or None, constant)...])`` for a step whose call offers its kernel
+    (``direct``) and takes what the plan proves; None keeps the call. An argument's source is
+    the expression the line passes (an input's slot, the buffer ``o``, a reshape of either);
+    None means the constant beside it, passed as a global of the function."""
+    offer = getattr(st.call, "direct", None)
+    if offer is None or st.buf < 0 or st.buf >= len(planned) or st.multi or st.new_outputs:
+        return None
+    shape, dtype = planned[st.buf]
+    got = offer(tuple(known(i) for i in st.ins), Planned(tuple(shape), dtype))
+    if got is None:
+        return None
+    arguments = []
+    for a in got.arguments:
+        if type(a) is Input:
+            source = ref(st.ins[a.index])
+        elif type(a) is Output:
+            source = "o"
+        else:
+            arguments.append((None, a))
+            continue
+        if a.shape is not None:
+            source = f"{source}.reshape({tuple(int(d) for d in a.shape)!r})"
+        arguments.append((source, None))
+    return got.run, arguments

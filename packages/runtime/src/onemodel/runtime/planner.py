@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from onemodel.tensors import DimExpr, DType, OneModelError, TensorSpec, registry
+from onemodel.tensors import threads as _threads
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.base import UnknownValueError
 from onemodel.tensors.ops.sequence import OptionalSpec, SequenceSpec, accepts_values, spec_of_value
@@ -146,15 +147,13 @@ class Plan:
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _COMPILED_FROM:
             object.__setattr__(self, "_code", None)
+            self.__dict__.pop("_codes", None)
         object.__setattr__(self, name, value)
 
     def _execute(self, arrays: Sequence[np.ndarray], bufs: BufferSet | None) -> list[np.ndarray]:
         code = self._code
-        if code is None or code.edits != _STEP_EDITS:  # compiled at the first run
-            code = compile_steps(self.steps, [s for _, s in self.inputs],
-                                 [s for _, s in self.outputs], self.template)
-            code.edits = _STEP_EDITS
-            self._code = code
+        if code is None or code.edits != _STEP_EDITS or code.threads != _threads.generation:
+            code = self._compiled()
         try:
             results = code.run(arrays, bufs.views if bufs is not None else ())
         except Exception as exc:  # any kernel error: name the node (costs nothing until raised)
@@ -164,6 +163,26 @@ class Plan:
             step, values = self.steps[failed[0]], failed[1]
             raise step_failure(step, {i: values.get(i) for i in step.ins}, exc) from exc
         return self._owned(results, arrays, bufs.roots if bufs is not None else frozenset())
+
+    def _compiled(self):
+        """The steps compiled (codegen.py) for the current thread setting: at the first run,
+        after a step edit, and at the first run under another thread count, since a kernel's
+        direct form may hold only for one thread. Kept per thread count, so sessions of two
+        settings taking turns do not compile at each run."""
+        n = _threads.num_threads()
+        codes = self.__dict__.setdefault("_codes", {})
+        code = codes.get(n)
+        if code is None or code.edits != _STEP_EDITS:
+            pool = self._pool
+            code = compile_steps(self.steps, [s for _, s in self.inputs],
+                                 [s for _, s in self.outputs], self.template,
+                                 [(b.shape, b.dtype) for b in pool.layout.slots]
+                                 if pool is not None else ())
+            code.edits = _STEP_EDITS
+            codes[n] = code
+        code.threads = _threads.generation
+        self._code = code
+        return code
 
     def _execute_profiled(self, arrays, profiler, bufs: BufferSet | None) -> list[np.ndarray]:
         clock = profiler.now_us

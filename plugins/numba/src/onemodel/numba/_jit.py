@@ -42,6 +42,7 @@ os.environ.setdefault(_POLICY, "PASSIVE")
 
 import numba  # noqa: E402
 from onemodel.tensors import threads  # noqa: E402
+from onemodel.tensors.ops.specialize import Constant, Direct, Input, Output, Planned  # noqa: E402
 
 # LLVM tuning features (not instruction sets): the machine code stays valid for the host
 PREFER_NO_GATHERS = ("+prefer-no-gather", "+prefer-no-scatter")
@@ -177,6 +178,32 @@ def entry(kernel, args):
     only the item size, so such an array would be read with the wrong steps or written
     regardless."""
     return kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+
+
+def direct(kernel, arguments: tuple, known: tuple, out):
+    """A compiled plan's direct call (``Direct``, see onemodel.tensors.ops.specialize) of the
+    numba function ``kernel``: its machine code for the types the plan proves. ``arguments``
+    holds ``Input`` and ``Output`` markers and the call's other arguments; each marked array
+    must be a planned buffer or a constant (``known``, ``out``), so its dtype, rank and layout
+    are the ones typed here at every run (what :func:`entry` requires)."""
+    types_ = []
+    for a in arguments:
+        if type(a) is Input:
+            fact = known[a.index]
+        elif type(a) is Output:
+            fact = out
+        else:
+            types_.append(kernel.typeof_pyval(a))
+            continue
+        if type(fact) is Constant:
+            value = fact.value if a.shape is None else fact.value.reshape(a.shape)
+            types_.append(kernel.typeof_pyval(value))
+            continue
+        if type(fact) is not Planned:  # a site's mistake: it must check before it offers
+            raise TypeError(f"a direct call's array must be planned or constant, not {fact!r}")
+        rank = len(fact.shape if a.shape is None else a.shape)
+        types_.append(numba.types.Array(numba.from_dtype(fact.dtype), rank, "C"))
+    return Direct(kernel.compile(tuple(types_)), tuple(arguments))
 
 
 def bind(slot: list, kernel, args):

@@ -26,7 +26,16 @@ from numba.extending import overload
 from onemodel.tensors.errors import DTypeError, ShapeError
 from onemodel.tensors.ops import OPS
 from onemodel.tensors.ops.nn import _convt_geometry, _geometry
-from onemodel.tensors.ops.specialize import CallSite, is_frozen, specializer
+from onemodel.tensors.ops.specialize import (
+    CallSite,
+    Constant,
+    Input,
+    Output,
+    constant,
+    is_frozen,
+    planned,
+    specializer,
+)
 
 from . import _jit, depthwise
 from ._jit import jit, pick, sync_threads
@@ -2163,7 +2172,22 @@ def _without_dead_taps(site: CallSite, plan, w_const, act: int):
         if W is not w_const or X.shape != xshape:
             return generic(X, W, B, out=out)
         return inner(X, weights, B, out=out)
+
+    def direct(known, out):  # the inner call's, given the trimmed weights
+        offer = getattr(inner, "direct", None)
+        if offer is None or not constant(known[1], w_const):
+            return None
+        return offer((known[0], Constant(weights), *known[2:]), out)
+    trimmed_at.direct = direct
     return trimmed_at
+
+
+def _bias_known(known: tuple, has_bias: bool, b_const) -> bool:
+    """Whether a compiled plan proves a convolution's bias input is what its planned call
+    takes unchecked: ``b_const`` itself, or omitted."""
+    if has_bias:
+        return len(known) > 2 and constant(known[2], b_const)
+    return len(known) < 3 or constant(known[2], None)
 
 
 def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, b_ready,
@@ -2224,6 +2248,15 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
         else:
             (bound[0] or _jit.bind(bound, serial, (X, *args, y)))(X, *args, y)
         return y
+
+    def direct(known, out):  # the serial kernel, where the plan proves what the call checks
+        sync_threads()
+        if checked or _jit._parallel or not (
+                planned(known[0], xshape, dtype) and constant(known[1], w_const) and
+                _bias_known(known, has_bias, b_const) and planned(out, yshape, dtype)):
+            return None
+        return _jit.direct(serial, (Input(0), *args, Output()), known, out)
+    depthwise_at.direct = direct
     return depthwise_at
 
 
@@ -2259,6 +2292,13 @@ def _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias, a
         y = np.empty(yshape, dtype) if out is None else out
         (bound[0] or _jit.bind(bound, kernel, (X, *args, y, *wide)))(X, *args, y, *wide)
         return y
+
+    def direct(known, out):  # the kernel, where the plan proves what the call checks
+        if not (planned(known[0], xshape, dtype) and constant(known[1], w_const) and
+                _bias_known(known, has_bias, b_const) and planned(out, yshape, dtype)):
+            return None
+        return _jit.direct(kernel, (Input(0), *args, Output(), *wide), known, out)
+    pointwise_at.direct = direct
     return pointwise_at
 
 
@@ -2281,6 +2321,15 @@ def _pointwise_residual_site(kernel, args, wide, xshape, yshape, w_const, b_cons
         y = np.empty(yshape, dtype) if out is None else out
         (bound[0] or _jit.bind(bound, kernel, (X, *args, Z, y, *wide)))(X, *args, Z, y, *wide)
         return y
+
+    def direct(known, out):  # the kernel, where the plan proves what the call checks
+        if len(known) < 4 or not (
+                planned(known[0], xshape, dtype) and constant(known[1], w_const) and
+                _bias_known(known, has_bias, b_const) and planned(known[3], yshape, dtype) and
+                planned(out, yshape, dtype)):
+            return None
+        return _jit.direct(kernel, (Input(0), *args, Input(3), Output(), *wide), known, out)
+    pointwise_residual_at.direct = direct
     pointwise_residual_at.adds_residual = True
     return pointwise_residual_at
 

@@ -13,7 +13,7 @@ import numpy as np
 from numba import prange
 from onemodel.tensors import OneModelError
 from onemodel.tensors.ops.nn import _geometry
-from onemodel.tensors.ops.specialize import CallSite, specializer
+from onemodel.tensors.ops.specialize import CallSite, Input, Output, planned, specializer
 
 from . import _jit, pool_strided
 from ._jit import jit, pick, sync_threads
@@ -868,16 +868,30 @@ def _pool_at(shape, dtype, oshape, kernel, x_flat, out_flat, tail, generic):
         else:
             (bound[0] or _jit.bind(bound, kernel.serial, (x, y, *tail)))(x, y, *tail)
         return out
+
+    def direct(known, out):  # the serial kernel, where the plan proves what the call checks
+        sync_threads()
+        if _jit._parallel or not (planned(known[0], shape, dtype) and
+                                  planned(out, oshape, dtype)):
+            return None
+        return _jit.direct(kernel.serial, (Input(0, _flat(x_flat)), Output(_flat(out_flat)),
+                                           *tail), known, out)
+    pool_at.direct = direct
     return pool_at
+
+
+def _flat(shape) -> tuple[int, ...]:
+    """A reshape's target as a tuple (-1 or a size: one dimension)."""
+    return (shape,) if isinstance(shape, int) else tuple(shape)
 
 
 def _windows_at(site: CallSite, choose, include_pad=0):
     """A windowed pool planned for its shapes: the window tables (and counts) and the kernel
     that ``choose`` (:func:`_max_call` or :func:`_avg_call`) picks for them, made once."""
-    planned = _planned(site, include_pad)
-    if planned is None:
+    site_plan = _planned(site, include_pad)
+    if site_plan is None:
         return None
-    shape, dtype, oshape, plan = planned
+    shape, dtype, oshape, plan = site_plan
     try:
         kernel, tail = choose(plan, site.attrs.get("kernel_shape", ()), site.attrs.get("strides"),
                               dtype)
@@ -897,10 +911,10 @@ def _max_pool_at(site: CallSite):
 
 def _max_lanes_at(site: CallSite):
     """The planned call of :func:`.pool_lanes.max_lanes`, or None where it does not fit."""
-    planned = _planned(site)
-    if planned is None or planned[1] != np.float32 or _jit._parallel:
+    site_plan = _planned(site)
+    if site_plan is None or site_plan[1] != np.float32 or _jit._parallel:
         return None
-    shape, dtype, oshape, _plan = planned
+    shape, dtype, oshape, _plan = site_plan
     a = site.attrs
     k = _tuple(a.get("kernel_shape", ()))
     try:
@@ -933,6 +947,12 @@ def _max_lanes_at(site: CallSite):
             out = np.empty(oshape, dtype)
         (bound[0] or _jit.bind(bound, pool_lanes.max_lanes, (X, *tail, out)))(X, *tail, out)
         return out
+
+    def direct(known, out):  # the kernel, where the plan proves what the call checks
+        if not (planned(known[0], shape, dtype) and planned(out, oshape, dtype)):
+            return None
+        return _jit.direct(pool_lanes.max_lanes, (Input(0), *tail, Output()), known, out)
+    max_lanes_at.direct = direct
     return max_lanes_at
 
 

@@ -1,0 +1,155 @@
+"""A compiled plan calls a specialized call's kernel directly (``direct``, see
+onemodel/tensors/ops/specialize.py) only where it proves what the call would check: inputs
+that are planned buffers of earlier steps (their shape and dtype), constants, and its own
+output buffer. Anything else (a feed, an unbuffered value, a step without a buffer) keeps
+the call, and the plan asks again under another thread setting."""
+
+from __future__ import annotations
+
+from operator import itemgetter
+
+import numpy as np
+import pytest
+
+from onemodel.runtime import GraphBuilder, Session
+from onemodel.runtime.codegen import compile_steps
+from onemodel.runtime.planner import Step
+from onemodel.tensors import DType, threads
+from onemodel.tensors.ops.specialize import (
+    Constant,
+    Direct,
+    Input,
+    Output,
+    Planned,
+    constant,
+    planned,
+)
+
+F64 = np.dtype(np.float64)
+
+
+def _step(call, ins, outs, buf=-1):
+    return Step(call, itemgetter(*ins), len(ins) == 1, False, tuple(outs), (), "node s",
+                tuple(ins), buf=buf)
+
+
+def _scaled(k, asked):
+    """A call ``x * k * 2`` into ``out`` that offers its kernel where x is a planned (2, 3)
+    float64 buffer and k is ``k`` itself; ``asked`` records each offer's facts, the call
+    itself appends "call" when it runs."""
+
+    def run(x, kk, out, scale):  # the "machine code": flat arrays, as a kernel may take them
+        assert x.shape == (6,) and out.shape == (6,)
+        np.multiply(x, np.tile(kk, 2) * scale, out=out)
+
+    def call(x, kk, out=None):
+        asked.append("call")
+        out = np.empty(x.shape) if out is None else out
+        np.multiply(x, kk * 2.0, out=out)
+        return out
+
+    def direct(known, out):
+        asked.append((known, out))
+        if planned(known[0], (2, 3), F64) and constant(known[1], k) and \
+                planned(out, (2, 3), F64):
+            return Direct(run, (Input(0, (6,)), Input(1), Output((6,)), 2.0))
+        return None
+    call.direct = direct
+    return call
+
+
+def _plus_one(x, out=None):
+    return np.add(x, 1.0, out=out)
+
+
+def test_a_proven_call_runs_its_kernel_with_the_plans_arrays():
+    k = np.array([1.0, 2.0, 3.0])
+    asked = []
+    template = [None, None, None, None, k, None]
+    steps = [_step(_plus_one, [2], [3], buf=0), _step(_scaled(k, asked), [3, 4], [5], buf=1)]
+    code = compile_steps(steps, [2], [5], template, [((2, 3), F64), ((2, 3), F64)])
+    assert asked == [((Planned((2, 3), F64), Constant(k)), Planned((2, 3), F64))]
+    views = [np.empty((2, 3)), np.empty((2, 3))]
+    x = np.arange(6.0).reshape(2, 3)
+    (got,) = code.run([x], views)
+    assert got is views[1]
+    np.testing.assert_array_equal(got, (x + 1.0) * k * 2.0)
+    assert "call" not in asked  # the kernel ran without the call
+
+
+@pytest.mark.parametrize("case", ["feed", "unbuffered input", "no buffer", "other shape",
+                                  "other constant"])
+def test_the_call_is_kept_where_the_plan_cannot_prove_its_checks(case):
+    k = np.array([1.0, 2.0, 3.0])
+    asked = []
+    call = _scaled(np.array([1.0, 2.0, 3.0]) if case == "other constant" else k, asked)
+    template = [None, None, None, None, k, None]
+    first = _step(_plus_one, [2], [3], buf=-1 if case == "unbuffered input" else 0)
+    second = _step(call, [2 if case == "feed" else 3, 4], [5],
+                   buf=-1 if case == "no buffer" else 1)
+    planned_ = [((2, 3), F64), ((3, 2) if case == "other shape" else (2, 3), F64)]
+    code = compile_steps([first, second], [2], [5], template, planned_)
+    views = [np.empty((2, 3)), np.empty(planned_[1][0])]
+    x = np.arange(6.0).reshape(2, 3)
+    if case == "other shape":  # (the call itself would refuse the buffer: ask, then stop)
+        assert asked and asked[0][1] == Planned((3, 2), F64)
+        return
+    (got,) = code.run([x], views)
+    source = x if case == "feed" else x + 1.0
+    np.testing.assert_array_equal(got, source * k * 2.0)
+    assert "call" in asked
+    facts = [a for a in asked if a != "call"]
+    if case == "no buffer":
+        assert facts == []  # a step with no buffer is never offered
+    elif case in ("feed", "unbuffered input"):
+        assert facts[0][0][0] is None  # nothing is known of that input
+
+
+def test_no_planned_buffers_means_no_direct_calls():
+    k = np.array([1.0, 2.0, 3.0])
+    asked = []
+    steps = [_step(_plus_one, [2], [3], buf=0), _step(_scaled(k, asked), [3, 4], [5], buf=1)]
+    code = compile_steps(steps, [2], [5], [None, None, None, None, k, None])  # no shapes
+    (got,) = code.run([np.zeros((2, 3))], [np.empty((2, 3)), np.empty((2, 3))])
+    np.testing.assert_array_equal(got, k * 2.0 * np.ones((2, 3)))
+    assert asked == ["call"]
+
+
+@pytest.fixture
+def one_thread():
+    saved = threads.num_threads()
+    threads.set_num_threads(1)
+    yield
+    threads.set_num_threads(saved)
+
+
+def test_a_plan_asks_again_under_another_thread_count_and_keeps_each(one_thread):
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, (2, 3))
+    weight = np.arange(9, dtype=np.float32).reshape(3, 3) / 8
+    w = b.initializer("w", weight)
+    inner = b.op("MatMul", b.op("MatMul", x, w), w)  # reads one buffer, writes another
+    b.output(b.op("MatMul", b.op("Relu", inner), w), "y")
+    s = Session(b.build(), optimize=False)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    s.run({"x": x})
+    plan = s.plan_for({"x": (2, 3)})
+    (step,) = [st for st in plan.steps if st.op == "MatMul" and st.buf == 1]
+    asked = []
+
+    def matmul_call(a, b_, out=None):
+        return np.matmul(a, b_, out=out)
+
+    def direct(known, out):
+        asked.append(threads.num_threads())
+        return Direct(lambda a, b_, o: np.matmul(a, b_, out=o), (Input(0), Input(1), Output()))
+    matmul_call.direct = direct
+    step.call = matmul_call  # a step edit: the next run compiles again
+    want = np.maximum(x @ weight @ weight, 0) @ weight
+    np.testing.assert_allclose(s.run({"x": x}, return_numpy=True)["y"], want, rtol=1e-6)
+    assert asked == [1]
+    threads.set_num_threads(2)
+    np.testing.assert_allclose(s.run({"x": x}, return_numpy=True)["y"], want, rtol=1e-6)
+    threads.set_num_threads(1)
+    np.testing.assert_allclose(s.run({"x": x}, return_numpy=True)["y"], want, rtol=1e-6)
+    assert asked == [1, 2]  # one thread's code was kept, not compiled again
