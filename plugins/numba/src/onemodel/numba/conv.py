@@ -2376,6 +2376,17 @@ def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, t
         else:
             kernel(X, W, bias, table, y)
         return y
+
+    def direct(known, out):  # the kernel, where the plan proves what the call checks
+        if w_const is _UNSET or (has_bias and b_const is _UNSET) or not (
+                planned(known[0], xshape, dtype) and constant(known[1], w_const) and
+                _bias_known(known, has_bias, b_const) and planned(out, yshape, dtype)):
+            return None
+        if w_cols is not None:
+            return _jit.direct(_small_conv_by_channels, (Input(0), w_cols, b_ready, table,
+                                                         Output()), known, out)
+        return _jit.direct(kernel, (Input(0), w_const, b_ready, table, Output()), known, out)
+    conv_small_at.direct = direct
     return conv_small_at
 
 

@@ -17,7 +17,15 @@ import numpy as np
 
 from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.fused import parse_program
-from onemodel.tensors.ops.specialize import CallSite, specializer
+from onemodel.tensors.ops.specialize import (
+    CallSite,
+    Input,
+    Output,
+    constant,
+    contiguous,
+    planned,
+    specializer,
+)
 
 from . import _generated, _jit
 from ._jit import sync_threads
@@ -306,7 +314,17 @@ def _fused_at(site: CallSite):
         else:
             _run_serial(fn, bound, target, args, dtype)
         return out
+
+    def direct(known, out):  # the serial kernel, where the plan proves what the call checks
+        sync_threads()
+        if _jit._parallel or len(known) != n_inputs or not planned(out, out_shape, dtype) or \
+                not all(contiguous(known[j], shapes[j], dtype) for j in checked) or \
+                not all(constant(known[j], value) for j, value in consts):
+            return None
+        return _jit.direct(fn.serial, (Output(dims), *(Input(j, v) for j, v in views)),
+                           known, out)
     fused.baked = len(baked)
+    fused.direct = direct
     if consts or n_inputs != 2:
         return _as_shaped(site, out_shape, baked, consts, fused) if as_shaped else fused
     # two inputs, nothing baked (residual adds, bias adds, SE scales): the same call with its
@@ -337,7 +355,15 @@ def _fused_at(site: CallSite):
         else:
             fn.serial(target, x0, x1)
         return out
+
+    def direct2(known, out):  # the serial kernel, where the plan proves what the call checks
+        sync_threads()
+        if _jit._parallel or len(known) != 2 or not planned(out, out_shape, dtype) or \
+                not contiguous(known[0], s0, dtype) or not contiguous(known[1], s1, dtype):
+            return None
+        return _jit.direct(fn.serial, (Output(dims), Input(0, v0), Input(1, v1)), known, out)
     fused2.baked = 0
+    fused2.direct = direct2
     return _as_shaped(site, out_shape, baked, consts, fused2) if as_shaped else fused2
 
 
@@ -381,7 +407,7 @@ def _as_shaped(site: CallSite, out_shape: tuple, baked: tuple, consts: tuple, co
         (lambda inputs, j=live[0]: (inputs[j],))
     vector_math = any(str(text).split()[0] in _VECTOR_MATH for text in program)
     # the inputs a call must find C-contiguous (the plan's constants are checked once, here)
-    contiguous = tuple(j for j in live if vector_math and not (
+    must_be_contiguous = tuple(j for j in live if vector_math and not (
         isinstance(site.values[j], np.ndarray) and site.values[j].flags.c_contiguous))
 
     bound = [None]  # the serial kernel's machine code (_jit.entry), bound at the first call
@@ -389,7 +415,7 @@ def _as_shaped(site: CallSite, out_shape: tuple, baked: tuple, consts: tuple, co
     def fused_as_shaped(*inputs, out=None):
         if len(inputs) != n_inputs:
             return generic(*inputs, out=out)
-        for j in contiguous:  # (the collapsed call checks the rest itself)
+        for j in must_be_contiguous:  # (the collapsed call checks the rest itself)
             if not inputs[j].flags.c_contiguous:
                 return collapsed(*inputs, out=out)
         for j, shape in checks:
@@ -409,5 +435,14 @@ def _as_shaped(site: CallSite, out_shape: tuple, baked: tuple, consts: tuple, co
         else:
             _run_serial(fn, bound, out, take(inputs), dtype)
         return out
+
+    def direct(known, out):  # the serial kernel, where the plan proves what the call checks
+        sync_threads()
+        if _jit._parallel or len(known) != n_inputs or not planned(out, out_shape, dtype) or \
+                not all(contiguous(known[j], shape, dtype) for j, shape in checks) or \
+                not all(constant(known[j], value) for j, value in consts):
+            return None
+        return _jit.direct(fn.serial, (Output(), *(Input(j) for j in live)), known, out)
     fused_as_shaped.baked = len(baked)
+    fused_as_shaped.direct = direct
     return fused_as_shaped

@@ -16,7 +16,15 @@ from dataclasses import replace
 import numpy as np
 
 from onemodel.tensors.ops import OPS
-from onemodel.tensors.ops.specialize import CallSite, specialize, specializer
+from onemodel.tensors.ops.specialize import (
+    CallSite,
+    Input,
+    Output,
+    constant,
+    planned,
+    specialize,
+    specializer,
+)
 
 from . import _jit
 from ._jit import pick, sync_threads
@@ -242,6 +250,12 @@ def _whole_on_panels(b, trans_b, a_shape, out_shape, c_const, act, generic):
         if C is not c_const:
             return generic(A, B, C, out=out)
         return panel(A, B, out=out)
+
+    def direct(known, out):  # the panels' own, with the plan's bias (or none)
+        if not (constant(known[2], c_const) if len(known) > 2 else c_const is None):
+            return None
+        return panel.direct(known[:2], out)
+    fused_gemm_at.direct = direct
     return fused_gemm_at
 
 
@@ -424,6 +438,12 @@ def _fused_matmul_at(site: CallSite):
             if C is not c_const:
                 return generic(A, B, C, out=out)
             return panel(A, B, out=out)
+
+        def direct(known, out):  # the panels' own, with the plan's bias
+            if len(known) != 3 or not constant(known[2], c_const):
+                return None
+            return panel.direct(known[:2], out)
+        biased_matmul_at.direct = direct
         return biased_matmul_at
     product = _matmul_at(mm_site)
     if product is None:
@@ -512,4 +532,13 @@ def _panel_product(b, transposed, a_shape, out_shape, reference, bias=None, relu
         (bound[0] or _jit.bind(bound, product, (a2, bp, n, y2, cp, relu)))(a2, bp, n, y2, cp,
                                                                             relu)
         return y
+
+    def direct(known, out):  # the kernel, where the plan proves what the call checks
+        if len(known) < 2 or not (constant(known[1], b) and planned(known[0], a_shape, dtype)
+                                  and planned(out, out_shape, dtype)):
+            return None
+        return _jit.direct(product, (Input(0, None if flat else rows), bp, n,
+                                     Output(None if flat else (rows[0], n)), cp, relu),
+                           known, out)
+    panels_at.direct = direct
     return panels_at

@@ -101,6 +101,18 @@ def constant(fact, value) -> bool:
     return type(fact) is Constant and fact.value is value
 
 
+def contiguous(fact, shape: tuple[int, ...], dtype) -> bool:
+    """Whether ``fact`` proves a C-contiguous, aligned array of ``shape`` and ``dtype`` at
+    every run: a planned buffer, or a constant nothing can change in place (:func:`is_frozen`)
+    laid out so."""
+    if type(fact) is Planned:
+        return fact.shape == tuple(shape) and fact.dtype == dtype
+    value = fact.value if type(fact) is Constant else None
+    return isinstance(value, np.ndarray) and value.shape == tuple(shape) and \
+        value.dtype == dtype and value.flags.c_contiguous and value.flags.aligned and \
+        is_frozen(value)
+
+
 def is_frozen(value) -> bool:
     """Whether nothing can change a constant in place: read-only views down to immutable
     ``bytes`` (a file's constants, a session's own copies). A specializer may lay out such a
