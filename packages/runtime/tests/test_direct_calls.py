@@ -153,3 +153,20 @@ def test_a_plan_asks_again_under_another_thread_count_and_keeps_each(one_thread)
     threads.set_num_threads(1)
     np.testing.assert_allclose(s.run({"x": x}, return_numpy=True)["y"], want, rtol=1e-6)
     assert asked == [1, 2]  # one thread's code was kept, not compiled again
+
+
+def test_several_kernels_offered_run_in_order_on_the_buffer():
+    """A product, then its epilogue over the output: ``direct`` may offer a tuple."""
+    def call(x, out=None):
+        return np.multiply(np.add(x, 1.0, out=out), 3.0, out=out)
+
+    def direct(known, out):
+        return (Direct(lambda x, o: np.add(x, 1.0, out=o), (Input(0), Output())),
+                Direct(lambda o, s: np.multiply(o, s, out=o), (Output((6,)), 3.0)))
+    call.direct = direct
+    steps = [_step(_plus_one, [2], [3], buf=0), _step(call, [3], [4], buf=1)]
+    code = compile_steps(steps, [2], [4], [None] * 5, [((2, 3), F64), ((2, 3), F64)])
+    assert "d1_1" in code.run.__globals__
+    x = np.arange(6.0).reshape(2, 3)
+    (got,) = code.run([x], [np.empty((2, 3)), np.empty((2, 3))])
+    np.testing.assert_array_equal(got, (x + 2.0) * 3.0)

@@ -61,6 +61,9 @@ CASES = {
                      dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), "pool_at"),
     "max pool, lanes": (pool.max_pool, [_x(2, 16, 8, 8)],
                         dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), "max_lanes_at"),
+    "a residual block's depthwise convolution": (
+        conv.fused_conv, [_x(2, 16, 8, 8), _w(16, 1, 3, 3), _w(16), _x(2, 16, 8, 8)],
+        dict(group=16, pads=(1, 1, 1, 1), activation="Relu"), "residual_at"),
     "small convolution": (
         conv.fused_conv, [_x(2, 5, 5, 5), _w(6, 5, 3, 3), _w(6)],
         dict(pads=(1, 1, 1, 1), activation="Tanh"), "conv_small_at"),
@@ -71,6 +74,9 @@ CASES = {
     "panels over leading axes": (gemm.matmul, [_x(2, 5, 32), _w(32, 64)], {}, "panels_at"),
     "panels with their bias": (gemm.fused_matmul, [_x(2, 5, 32), _w(32, 64), _w(64)],
                                dict(activation=""), "biased_matmul_at"),
+    "a transformer's Linear and GELU": (
+        gemm.fused_matmul, [_x(2, 5, 32), _w(32, 64), _w(64)], dict(activation="Gelu"),
+        "fused_matmul_at"),
     "a Linear layer on panels": (gemm.fused_gemm, [_x(8, 64), _w(40, 64), _w(40)],
                                  dict(activation="Relu", transB=1), "fused_gemm_at"),
     "a chain of two": (fused.fused_elementwise, [_x(2, 6, 5, 7), _x(2, 6, 5, 7)],
@@ -108,17 +114,19 @@ def _planned_call(name):
     return call, inputs, known, Planned(want.shape, want.dtype)
 
 
-def _run(direct, inputs, out):
-    """What the compiled plan's line does with a Direct."""
-    args = []
-    for a in direct.arguments:
-        if type(a) is Input:
-            args.append(inputs[a.index] if a.shape is None else inputs[a.index].reshape(a.shape))
-        elif type(a) is Output:
-            args.append(out if a.shape is None else out.reshape(a.shape))
-        else:
-            args.append(a)
-    direct.run(*args)
+def _run(offered, inputs, out):
+    """What the compiled plan's line does with a Direct (or several, in order)."""
+    for direct in offered if isinstance(offered, tuple) else (offered,):
+        args = []
+        for a in direct.arguments:
+            if type(a) is Input:
+                args.append(inputs[a.index] if a.shape is None else
+                            inputs[a.index].reshape(a.shape))
+            elif type(a) is Output:
+                args.append(out if a.shape is None else out.reshape(a.shape))
+            else:
+                args.append(a)
+        direct.run(*args)
     return out
 
 
@@ -165,7 +173,9 @@ def test_nothing_is_offered_without_every_proof(name):
 
 
 @pytest.mark.parametrize("name", [n for n, c in CASES.items()
-                                  if c[3] in ("depthwise_at", "pool_at")])
+                                  if c[3] in ("depthwise_at", "pool_at", "residual_at",
+                                              "fused_matmul_at", "fused2", "fused",
+                                              "fused_as_shaped")])
 def test_calls_that_run_in_parallel_offer_nothing_on_two_threads(name, parallel_variants):
     call, _inputs, known, out = _planned_call(name)
     assert call.direct(known, out) is None

@@ -23,7 +23,7 @@ that kernel itself where the plan proves what the call would check: its inputs t
 buffers of a step before it (``Planned``: their shape and dtype), constants, and its own output
 buffer. Its line is then a call of the kernel's machine code, with no Python frame in between::
 
-    o = views[1]; d3(v4, g3_1, g3_2, o)
+    o = views[1]; d3_0(v4, g3_0_1, g3_0_2, o)
 
 Errors still name the node: ``failed_step`` maps the line a kernel raised on back to its step
 and reads the step's inputs from the function's frame.
@@ -120,14 +120,17 @@ def compile_steps(steps: Sequence, input_slots: Sequence[int], output_slots: Seq
                 ns[f"s{k}"] = shape
                 call = f"{call} if {data}.shape == s{k} else c{k}({args})"
             lines.append(f"    o = {call}")
-        elif (direct := _direct_call(st, known, planned, ref)) is not None:
-            run, arguments = direct
-            ns[f"d{k}"] = run
-            for j, (name, value) in enumerate(arguments):
-                if name is None:
-                    ns[f"g{k}_{j}"] = value
-            passed = ", ".join(name or f"g{k}_{j}" for j, (name, _) in enumerate(arguments))
-            lines.append(f"    o = views[{st.buf}]; d{k}({passed})")
+        elif (direct := _direct_calls(st, known, planned, ref)) is not None:
+            calls = []
+            for c, (run, arguments) in enumerate(direct):
+                ns[f"d{k}_{c}"] = run
+                for j, (name, value) in enumerate(arguments):
+                    if name is None:
+                        ns[f"g{k}_{c}_{j}"] = value
+                passed = ", ".join(name or f"g{k}_{c}_{j}"
+                                   for j, (name, _) in enumerate(arguments))
+                calls.append(f"d{k}_{c}({passed})")
+            lines.append(f"    o = views[{st.buf}]; {'; '.join(calls)}")
         elif st.buf >= 0:
             sep = ", " if args else ""
             lines.append(f"    b = views[{st.buf}]; o = c{k}({args}{sep}out=b)")
@@ -152,11 +155,11 @@ def compile_steps(steps: Sequence, input_slots: Sequence[int], output_slots: Seq
     return CompiledSteps(ns["run"], line_step, consts)
 
 
-def _direct_call(st, known, planned, ref):
-    """``(kernel, [(source or None, constant)...])`` for a step whose call offers its kernel
-    (``direct``) and takes what the plan proves; None keeps the call. An argument's source is
-    the expression the line passes (an input's slot, the buffer ``o``, a reshape of either);
-    None means the constant beside it, passed as a global of the function."""
+def _direct_calls(st, known, planned, ref):
+    """``[(kernel, [(source or None, constant)...])...]`` for a step whose call offers its
+    kernels (``direct``) and takes what the plan proves; None keeps the call. An argument's
+    source is the expression the line passes (an input's slot, the buffer ``o``, a reshape of
+    either); None means the constant beside it, passed as a global of the function."""
     offer = getattr(st.call, "direct", None)
     if offer is None or st.buf < 0 or st.buf >= len(planned) or st.multi or st.new_outputs:
         return None
@@ -164,16 +167,19 @@ def _direct_call(st, known, planned, ref):
     got = offer(tuple(known(i) for i in st.ins), Planned(tuple(shape), dtype))
     if got is None:
         return None
-    arguments = []
-    for a in got.arguments:
-        if type(a) is Input:
-            source = ref(st.ins[a.index])
-        elif type(a) is Output:
-            source = "o"
-        else:
-            arguments.append((None, a))
-            continue
-        if a.shape is not None:
-            source = f"{source}.reshape({tuple(int(d) for d in a.shape)!r})"
-        arguments.append((source, None))
-    return got.run, arguments
+    calls = []
+    for direct in (got if isinstance(got, tuple) else (got,)):
+        arguments = []
+        for a in direct.arguments:
+            if type(a) is Input:
+                source = ref(st.ins[a.index])
+            elif type(a) is Output:
+                source = "o"
+            else:
+                arguments.append((None, a))
+                continue
+            if a.shape is not None:
+                source = f"{source}.reshape({tuple(int(d) for d in a.shape)!r})"
+            arguments.append((source, None))
+        calls.append((direct.run, arguments))
+    return calls

@@ -1877,6 +1877,19 @@ def _residual_site(site: CallSite, act: int):
         else:
             (bound[0] or _jit.bind(bound, _add_activate.serial, (y, Z, act)))(y, Z, act)
         return y
+
+    def direct(known, out):  # the convolution's kernels, then the pass that adds Z
+        offer = getattr(inner, "direct", None)
+        sync_threads()
+        if offer is None or _jit._parallel or len(known) < 4 or \
+                not planned(known[3], yshape, dtype) or not planned(out, yshape, dtype):
+            return None
+        first = offer(known[:3], out)
+        if first is None:
+            return None
+        return (*(first if isinstance(first, tuple) else (first,)),
+                _jit.direct(_add_activate.serial, (Output(), Input(3), act), known, out))
+    residual_at.direct = direct
     return residual_at
 
 

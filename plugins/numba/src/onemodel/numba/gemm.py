@@ -465,6 +465,22 @@ def _fused_matmul_at(site: CallSite):
             (bound[0] or _jit.bind(bound, _bias_act.serial, (y2, bias, has_bias, act)))(
                 y2, bias, has_bias, act)
         return y
+
+    def direct(known, out):  # the product's kernels, then the epilogue's, with the plan's bias
+        offer = getattr(product, "direct", None)
+        sync_threads()
+        if offer is None or c_const is None or _jit._parallel or len(known) < 2 or not (
+                constant(known[2], c_const) if has_bias else
+                len(known) < 3 or constant(known[2], None)) or \
+                not planned(out, out_shape, dtype):
+            return None
+        first = offer(known[:2], out)
+        if first is None:
+            return None
+        return (*(first if isinstance(first, tuple) else (first,)),
+                _jit.direct(_bias_act.serial, (Output((rows, n)), c_const, has_bias, act),
+                            known, out))
+    fused_matmul_at.direct = direct
     return fused_matmul_at
 
 

@@ -21,7 +21,8 @@ kernel to the compiled plan: a ``direct(known, out)`` attribute, called once whe
 compiled. ``known`` says what the plan proves of each input at every run (:class:`Planned`, a
 :class:`Constant`, or None: nothing), ``out`` what it proves of the output buffer (a
 :class:`Planned`). Where the proofs cover every check the callable makes, ``direct`` returns a
-:class:`Direct`, and the plan calls ``Direct.run`` itself with those arguments: no Python frame,
+:class:`Direct` (or a tuple of them, run in order: a product, then its epilogue over the
+output), and the plan calls each ``Direct.run`` itself with its arguments: no Python frame,
 no checks, about 0.9 us less a step on the small convolutions of mobile networks. Else it
 returns None and the plan calls the callable."""
 
