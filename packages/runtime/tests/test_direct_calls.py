@@ -6,6 +6,7 @@ the call, and the plan asks again under another thread setting."""
 
 from __future__ import annotations
 
+import dataclasses
 from operator import itemgetter
 
 import numpy as np
@@ -170,3 +171,112 @@ def test_several_kernels_offered_run_in_order_on_the_buffer():
     x = np.arange(6.0).reshape(2, 3)
     (got,) = code.run([x], [np.empty((2, 3)), np.empty((2, 3))])
     np.testing.assert_array_equal(got, (x + 2.0) * 3.0)
+
+
+def test_a_declared_reshape_of_a_planned_buffer_is_planned_at_its_new_shape():
+    def reshape_kernel(data):
+        return data.reshape(3, 2)
+    reshape_kernel.as_method = ("reshape", (3, 2), (2, 3))
+    asked = []
+
+    def call(x, out=None):
+        return np.negative(x, out=out)
+
+    def direct(known, out):
+        asked.append(known)
+        return Direct(np.negative, (Input(0), Output()))
+    call.direct = direct
+    steps = [_step(_plus_one, [2], [3], buf=0), _step(reshape_kernel, [3], [4]),
+             _step(call, [4], [5], buf=1)]
+    code = compile_steps(steps, [2], [5], [None] * 6, [((2, 3), F64), ((3, 2), F64)])
+    assert asked == [(Planned((3, 2), F64),)]
+    x = np.arange(6.0).reshape(2, 3)
+    (got,) = code.run([x], [np.empty((2, 3)), np.empty((3, 2))])
+    np.testing.assert_array_equal(got, -(x + 1.0).reshape(3, 2))
+    # a transpose's view is not contiguous: nothing is known of it
+    transpose_kernel = lambda data: data.T
+    transpose_kernel.as_method = ("transpose", None, None)
+    asked.clear()
+    steps[1] = _step(transpose_kernel, [3], [4])
+    compile_steps(steps, [2], [5], [None] * 6, [((2, 3), F64), ((3, 2), F64)])
+    assert asked == [(None,)]
+
+
+def _negating(asked):
+    """A call of -x (a tuple with unnamed statistics when ``multi``) that offers np.negative."""
+    def call(x, out=None):
+        asked.append("call")
+        return np.negative(x, out=out), None
+
+    def direct(known, out):
+        asked.append((known, out))
+        return Direct(np.negative, (Input(0), Output()))
+    call.direct = direct
+    return call
+
+
+def test_a_step_without_a_buffer_gets_a_new_array_and_proves_it_to_the_next():
+    asked, later = [], []
+    first = dataclasses.replace(_step(_negating(asked), [2], [3, 1]), multi=True,
+                                out_specs=(((2, 3), F64), None))  # its second output unnamed
+    second = dataclasses.replace(_step(_negating(later), [3], [4, 1]), multi=True,
+                                 out_specs=(((2, 3), F64), None))
+    code = compile_steps([first, second], [2], [3, 4], [None] * 5, [])
+    assert asked == [((None,), Planned((2, 3), F64))]  # a feed: nothing known
+    assert later == [((Planned((2, 3), F64),), Planned((2, 3), F64))]  # a new array: known
+    x = np.arange(6.0).reshape(2, 3)
+    a, b = code.run([x], [])
+    np.testing.assert_array_equal(a, -x)
+    np.testing.assert_array_equal(b, x)
+    assert a.base is None and b.base is None and not np.shares_memory(a, x)
+    c, _ = code.run([x], [])
+    assert c is not a  # a new array at each run, as the call makes
+
+
+def test_an_op_whose_other_outputs_are_named_keeps_its_call():
+    asked = []
+    step = dataclasses.replace(_step(_negating(asked), [2], [3, 4]), multi=True,
+                               out_specs=(((2, 3), F64), None))
+    code = compile_steps([step], [2], [3, 4], [None] * 5, [])
+    x = np.arange(6.0).reshape(2, 3)
+    y, stats = code.run([x], [])
+    np.testing.assert_array_equal(y, -x)
+    assert stats is None and asked[-1] == "call"  # the kernels offered do not write output 1
+
+
+def test_kernels_may_write_an_op_s_other_named_output_into_a_new_array():
+    def call(x, out=None):
+        return np.negative(x), x * 2.0
+
+    def direct(known, out):
+        return (Direct(np.negative, (Input(0), Output())),
+                Direct(np.multiply, (Input(0), 2.0, Output(index=1))))
+    call.direct = direct
+    spec = ((2, 3), F64)
+    step = dataclasses.replace(_step(call, [2], [3, 4]), multi=True, out_specs=(spec, spec))
+    code = compile_steps([step], [2], [3, 4], [None] * 5, [])
+    assert "d0_1" in code.run.__globals__
+    x = np.arange(6.0).reshape(2, 3)
+    y, doubled = code.run([x], [])
+    np.testing.assert_array_equal(y, -x)
+    np.testing.assert_array_equal(doubled, 2 * x)
+    # of another shape than the first output: the plan has no array for it, the call runs
+    other = dataclasses.replace(step, out_specs=(spec, ((3, 2), F64)))
+    code = compile_steps([other], [2], [3, 4], [None] * 5, [])
+    assert "d0_1" not in code.run.__globals__
+    y, doubled = code.run([x], [])
+    np.testing.assert_array_equal(doubled, 2 * x)
+
+
+def test_a_direct_form_that_fails_names_the_node():
+    from onemodel.tensors import OneModelError
+
+    def call(x, out=None):
+        return np.negative(x, out=out)
+
+    def direct(known, out):
+        raise KeyError("a plugin's bug")
+    call.direct = direct
+    steps = [_step(_plus_one, [2], [3], buf=0), _step(call, [3], [4], buf=1)]
+    with pytest.raises(OneModelError, match="node s: the direct form of its kernel failed"):
+        compile_steps(steps, [2], [4], [None] * 5, [((2, 3), F64), ((2, 3), F64)])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conv_arrays import file_constant
 
-from onemodel.numba import conv, fused, gemm, pool
+from onemodel.numba import conv, fused, gemm, norm, pool
 from onemodel.tensors.ops.specialize import (
     CallSite,
     Constant,
@@ -64,6 +64,15 @@ CASES = {
     "a residual block's depthwise convolution": (
         conv.fused_conv, [_x(2, 16, 8, 8), _w(16, 1, 3, 3), _w(16), _x(2, 16, 8, 8)],
         dict(group=16, pads=(1, 1, 1, 1), activation="Relu"), "residual_at"),
+    "LayerNormalization, its statistics unnamed": (
+        norm.layer_normalization, [_x(2, 5, 32), _w(32), _w(32)], {},
+        "layer_normalization_at"),
+    "SkipLayerNormalization, its sum unnamed": (
+        norm.skip_layer_normalization, [_x(2, 5, 32), _x(2, 5, 32), _w(32), _w(32), _w(32)],
+        {}, "skip_layer_normalization_at"),
+    "SkipLayerNormalization of a broadcast skip, no bias": (
+        norm.skip_layer_normalization, [_x(2, 5, 32), _x(5, 32), _w(32), _w(32)], {},
+        "skip_layer_normalization_at"),
     "small convolution": (
         conv.fused_conv, [_x(2, 5, 5, 5), _w(6, 5, 3, 3), _w(6)],
         dict(pads=(1, 1, 1, 1), activation="Tanh"), "conv_small_at"),
@@ -102,7 +111,7 @@ CONSTS = {name: {i for i, a in enumerate(c[1]) if not a.flags.writeable}
 def _planned_call(name):
     kernel, inputs, attrs, called = CASES[name]
     generic = partial(kernel, **attrs)
-    want = generic(*inputs)
+    want = _first(generic(*inputs))  # (the first output alone is named)
     consts = CONSTS[name]
     site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
                     tuple(a if i in consts else None for i, a in enumerate(inputs)),
@@ -112,6 +121,10 @@ def _planned_call(name):
     known = tuple(Constant(a) if i in consts else Planned(a.shape, a.dtype)
                   for i, a in enumerate(inputs))
     return call, inputs, known, Planned(want.shape, want.dtype)
+
+
+def _first(result):
+    return result[0] if isinstance(result, tuple) else result
 
 
 def _run(offered, inputs, out):
@@ -135,13 +148,13 @@ def test_the_offered_kernel_gives_the_calls_values(name):
     call, inputs, known, out = _planned_call(name)
     direct = call.direct(known, out)
     assert direct is not None
-    want = call(*inputs)
+    want = _first(call(*inputs))
     got = _run(direct, inputs, np.full(out.shape, np.nan, np.float32))
     assert np.array_equal(got, want)
     again = _run(direct, [a * 0.5 if i not in CONSTS[name] else a
                           for i, a in enumerate(inputs)], np.empty(out.shape, np.float32))
-    assert np.array_equal(again, call(*[a * 0.5 if i not in CONSTS[name] else a
-                                        for i, a in enumerate(inputs)]))
+    assert np.array_equal(again, _first(call(*[a * 0.5 if i not in CONSTS[name] else a
+                                               for i, a in enumerate(inputs)])))
 
 
 def _without(known, index, fact):
@@ -175,7 +188,43 @@ def test_nothing_is_offered_without_every_proof(name):
 @pytest.mark.parametrize("name", [n for n, c in CASES.items()
                                   if c[3] in ("depthwise_at", "pool_at", "residual_at",
                                               "fused_matmul_at", "fused2", "fused",
-                                              "fused_as_shaped")])
+                                              "fused_as_shaped", "layer_normalization_at",
+                                              "skip_layer_normalization_at")])
 def test_calls_that_run_in_parallel_offer_nothing_on_two_threads(name, parallel_variants):
     call, _inputs, known, out = _planned_call(name)
     assert call.direct(known, out) is None
+
+
+def test_skip_layer_norm_writes_a_named_sum_into_the_second_output():
+    kernel, inputs, attrs, _ = CASES["SkipLayerNormalization, its sum unnamed"]
+    consts = CONSTS["SkipLayerNormalization, its sum unnamed"]
+    y, total = kernel(*inputs, **attrs)
+    site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
+                    tuple(a if i in consts else None for i, a in enumerate(inputs)),
+                    dict(attrs), (y.shape, total.shape), partial(kernel, **attrs))
+    call = specialize(kernel, site)
+    known = tuple(Constant(a) if i in consts else Planned(a.shape, a.dtype)
+                  for i, a in enumerate(inputs))
+    offered = call.direct(known, Planned(y.shape, y.dtype))
+    outs = [np.full(y.shape, np.nan, np.float32), np.full(y.shape, np.nan, np.float32)]
+    args = [inputs[a.index] if type(a) is Input else outs[a.index] if type(a) is Output else a
+            for a in offered.arguments]
+    offered.run(*args)
+    want_y, want_total = call(*inputs)
+    assert np.array_equal(outs[0], want_y) and np.array_equal(outs[1], want_total)
+
+
+@pytest.mark.parametrize("name", ["LayerNormalization, its statistics unnamed"])
+def test_norms_whose_other_outputs_are_named_offer_nothing(name):
+    """The kernel offered writes only the first output: a node that names the statistics
+    keeps its call, which returns them."""
+    kernel, inputs, attrs, _ = CASES[name]
+    consts = CONSTS[name]
+    outs = kernel(*inputs, **attrs)
+    site = CallSite(tuple(a.shape for a in inputs), tuple(a.dtype for a in inputs),
+                    tuple(a if i in consts else None for i, a in enumerate(inputs)),
+                    dict(attrs), tuple(o.shape for o in outs), partial(kernel, **attrs))
+    call = specialize(kernel, site)
+    known = tuple(Constant(a) if i in consts else Planned(a.shape, a.dtype)
+                  for i, a in enumerate(inputs))
+    assert call.direct(known, Planned(outs[0].shape, outs[0].dtype)) is None

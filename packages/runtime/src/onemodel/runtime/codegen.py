@@ -34,11 +34,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
+import numpy as np
+
+from onemodel.tensors import OneModelError
 from onemodel.tensors.ops.specialize import Constant, Input, Output, Planned
 
 from . import buffers as _buffers
 
 _NAME = "<onemodel plan>"
+_UNNAMED = 1  # the slot of the outputs a node leaves unnamed (planner.py): never read
 
 
 class CompiledSteps:
@@ -76,10 +80,12 @@ def compile_steps(steps: Sequence, input_slots: Sequence[int], output_slots: Seq
     ``planned[i]`` is planned buffer ``i``'s (shape, dtype): what a direct call may rely on."""
     inputs = set(input_slots)
     written = {o for st in steps for o in st.outs}
-    ns: dict[str, object] = {"_into": _buffers.into, "_new": _buffers.new_arrays}
+    ns: dict[str, object] = {"_into": _buffers.into, "_new": _buffers.new_arrays,
+                             "_empty": np.empty}
     consts: dict[str, object] = {}
     # slots that hold a planned buffer at every run: the one output of a buffered step, which
-    # the step's line makes the buffer itself (``_into``)
+    # the step's line makes the buffer itself (``_into``), and (added below, in step order) a
+    # declared reshape of one to its planned shape, a C-contiguous view of the same memory
     buffered = {st.outs[0]: Planned(tuple(planned[st.buf][0]), planned[st.buf][1])
                 for st in steps if 0 <= st.buf < len(planned) and not st.multi
                 and not st.new_outputs}
@@ -120,17 +126,37 @@ def compile_steps(steps: Sequence, input_slots: Sequence[int], output_slots: Seq
                 ns[f"s{k}"] = shape
                 call = f"{call} if {data}.shape == s{k} else c{k}({args})"
             lines.append(f"    o = {call}")
+            source = buffered.get(st.ins[0])
+            if name == "reshape" and source is not None and shape is not None and \
+                    source.shape == tuple(shape):  # a reshape of a planned buffer: one too
+                buffered[st.outs[0]] = Planned(tuple(int(d) for d in ns[f"a{k}"]),
+                                               source.dtype)
         elif (direct := _direct_calls(st, known, planned, ref)) is not None:
-            calls = []
-            for c, (run, arguments) in enumerate(direct):
+            calls, extra = direct
+            for c, (run, arguments) in enumerate(calls):
                 ns[f"d{k}_{c}"] = run
                 for j, (name, value) in enumerate(arguments):
                     if name is None:
                         ns[f"g{k}_{c}_{j}"] = value
-                passed = ", ".join(name or f"g{k}_{c}_{j}"
-                                   for j, (name, _) in enumerate(arguments))
-                calls.append(f"d{k}_{c}({passed})")
-            lines.append(f"    o = views[{st.buf}]; {'; '.join(calls)}")
+            text = [f"d{k}_{c}(" + ", ".join(name or f"g{k}_{c}_{j}"
+                                             for j, (name, _) in enumerate(arguments)) + ")"
+                    for c, (_, arguments) in enumerate(calls)]
+            if st.buf >= 0:
+                made = [f"o = views[{st.buf}]"]
+            else:  # new arrays, as the call would have made: C-contiguous and aligned too
+                ns[f"e{k}"], ns[f"t{k}"] = st.out_specs[0]
+                made = [f"o = _empty(e{k}, t{k})"] + [f"o{j} = _empty(e{k}, t{k})" for j in extra]
+                for j in (0, *extra):
+                    buffered[st.outs[j]] = Planned(tuple(st.out_specs[0][0]), st.out_specs[0][1])
+            # (each output is the buffer or a new array, never a view: no new_outputs check;
+            # outputs the node leaves unnamed are never read, see _direct_calls)
+            lines.append("    " + "; ".join(made + text))
+            lines.append(f"    v{st.outs[0]} = o")
+            lines += [f"    v{st.outs[j]} = o{j}" for j in extra]
+            lines += [f"    v{slot} = None" for slot in st.release]
+            for line in range(first, len(lines) + 1):
+                line_step[line] = k
+            continue
         elif st.buf >= 0:
             sep = ", " if args else ""
             lines.append(f"    b = views[{st.buf}]; o = c{k}({args}{sep}out=b)")
@@ -156,25 +182,44 @@ def compile_steps(steps: Sequence, input_slots: Sequence[int], output_slots: Seq
 
 
 def _direct_calls(st, known, planned, ref):
-    """``[(kernel, [(source or None, constant)...])...]`` for a step whose call offers its
-    kernels (``direct``) and takes what the plan proves; None keeps the call. An argument's
-    source is the expression the line passes (an input's slot, the buffer ``o``, a reshape of
-    either); None means the constant beside it, passed as a global of the function."""
+    """``([(kernel, [(source or None, constant)...])...], extra outputs)`` for a step whose call
+    offers its kernels (``direct``) and takes what the plan proves; None keeps the call. Its
+    output is its planned buffer, or a new array of its planned shape (``Step.out_specs``)
+    where it has none; an op's other outputs the node names must each be written by the
+    kernels (``Output(index=j)``, new arrays of the first's shape and dtype), the "extra"
+    outputs. An argument's source is the expression the line passes (an input's slot, the
+    output ``o`` or ``o1``..., a reshape of either); None means the constant beside it, passed
+    as a global of the function."""
     offer = getattr(st.call, "direct", None)
-    if offer is None or st.buf < 0 or st.buf >= len(planned) or st.multi or st.new_outputs:
+    if offer is None or st.outs[0] == _UNNAMED:
         return None
-    shape, dtype = planned[st.buf]
-    got = offer(tuple(known(i) for i in st.ins), Planned(tuple(shape), dtype))
+    if 0 <= st.buf < len(planned):
+        shape, dtype = planned[st.buf]
+    elif st.buf < 0 and st.out_specs and st.out_specs[0] is not None:
+        shape, dtype = st.out_specs[0]  # no buffer: a new array at each run
+    else:
+        return None
+    try:
+        got = offer(tuple(known(i) for i in st.ins), Planned(tuple(shape), dtype))
+    except Exception as exc:  # a plugin's bug: name the node, never a bare error from run
+        raise OneModelError(f"{st.label}: the direct form of its kernel failed: "
+                            f"{type(exc).__name__}: {exc}") from exc
     if got is None:
         return None
-    calls = []
+    calls, extra = [], set()
     for direct in (got if isinstance(got, tuple) else (got,)):
         arguments = []
         for a in direct.arguments:
             if type(a) is Input:
                 source = ref(st.ins[a.index])
             elif type(a) is Output:
-                source = "o"
+                j = a.index
+                if j and (st.buf >= 0 or j >= len(st.outs) or st.outs[j] == _UNNAMED or
+                          j >= len(st.out_specs) or st.out_specs[j] != st.out_specs[0]):
+                    return None  # an output the plan has no new array of that shape for
+                source = f"o{j}" if j else "o"
+                if j:
+                    extra.add(j)
             else:
                 arguments.append((None, a))
                 continue
@@ -182,4 +227,6 @@ def _direct_calls(st, known, planned, ref):
                 source = f"{source}.reshape({tuple(int(d) for d in a.shape)!r})"
             arguments.append((source, None))
         calls.append((direct.run, arguments))
-    return calls
+    if any(slot != _UNNAMED and j not in extra for j, slot in enumerate(st.outs) if j):
+        return None  # a named output the kernels do not write: the call returns it
+    return calls, sorted(extra)

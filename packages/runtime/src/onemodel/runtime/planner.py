@@ -76,9 +76,12 @@ class Step:
     attrs: dict | None = None
     # the op is declared ``new_outputs``: an output that comes back as a view is copied
     new_outputs: bool = False
+    # each output's (shape, dtype) where the plan knows them (a nonempty tensor; else None),
+    # or None: what a direct call without a planned buffer allocates (codegen.py)
+    out_specs: tuple | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if "new_outputs" in self.__dict__:  # a step already made: plans compiled before recompile
+        if "out_specs" in self.__dict__:  # a step already made (its last field set): recompile
             global _STEP_EDITS
             _STEP_EDITS += 1
         object.__setattr__(self, name, value)
@@ -488,7 +491,8 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         multi = len(OPS[n.op].outputs) > 1 or OPS[n.op].outputs[0].endswith("...")
         steps.append(Step(call, gather, len(ins) == 1, multi, outs,
                           tuple(release_at.get(k, ())), n.label(), ins, n.name, n.op,
-                          buf_of.get(k, -1), attrs, OPS[n.op].new_outputs))
+                          buf_of.get(k, -1), attrs, OPS[n.op].new_outputs,
+                          _output_specs(sites.get(k))))
     outputs = [(w, slot_of[w]) for w in wanted]
     own = sum(v.nbytes for k, v in consts.items() if k not in graph.initializers)
     if layout is not None:
@@ -504,6 +508,16 @@ def make_plan(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     if rest:
         cont.owner = weakref.ref(plan)  # its plans' bytes count as this plan's
     return plan
+
+
+def _output_specs(site_specs) -> tuple | None:
+    """Each output's (shape, dtype) from a step's site specs (where every shape is known), or
+    None for an output that is not a nonempty tensor; None without a site."""
+    if site_specs is None or not site_specs[1]:
+        return None
+    return tuple((tuple(int(d) for d in spec.shape), np.dtype(spec.dtype.numpy))
+                 if isinstance(spec, TensorSpec) and _size(spec) > 0 else None
+                 for spec in site_specs[1])
 
 
 def _bufferable(n, out_specs) -> bool:

@@ -191,7 +191,7 @@ def direct(kernel, arguments: tuple, known: tuple, out):
         if type(a) is Input:
             fact = known[a.index]
         elif type(a) is Output:
-            fact = out
+            fact = out  # (another output is of the first one's shape and dtype too)
         else:
             types_.append(kernel.typeof_pyval(a))
             continue

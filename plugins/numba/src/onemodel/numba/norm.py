@@ -11,7 +11,16 @@ import numpy as np
 
 from numba import prange
 from onemodel.tensors.errors import ShapeError
-from onemodel.tensors.ops.specialize import CallSite, specializer
+from onemodel.tensors.ops.specialize import (
+    CallSite,
+    Constant,
+    Input,
+    Output,
+    constant,
+    contiguous,
+    planned,
+    specializer,
+)
 
 from . import _jit
 from ._jit import jit, pick, sync_threads
@@ -581,6 +590,19 @@ def _layer_normalization_at(site: CallSite):
         kernel(X.reshape(flat), scale, bias, has_bias, eps, False, out.reshape(flat), True,
                mean.reshape(rows), inv.reshape(rows))
         return out, mean, inv
+
+    def direct(known, out):  # the serial kernel on the plan's rows, without the statistics
+        sync_threads()
+        if keep_stats or _jit._parallel or s_row is None or (has_bias and b_row is None) or \
+                not (planned(known[0], shape, dtype) and constant(known[1], s_const) and
+                     (constant(known[2], b_const) if has_bias else
+                      len(known) < 3 or constant(known[2], None)) and
+                     planned(out, shape, dtype)):
+            return None
+        return _jit.direct(_layer_norm.serial, (Input(0), s_row, b_row if has_bias else s_row,
+                                                has_bias, eps, False, Output(), False,
+                                                _NO_STATS, _NO_STATS), known, out)
+    layer_normalization_at.direct = direct
     return layer_normalization_at
 
 
@@ -713,6 +735,20 @@ def _skip_layer_normalization_at(site: CallSite):
         else:  # the plan's own constants, its arrays checked: the types are fixed
             (bound[0] or _jit.bind(bound, _skip_layer_norm.serial, args))(*args)
         return out, (total if keep_sum else None)
+
+    def direct(known, out):  # the serial kernel; the sum into the second output, if named
+        sync_threads()
+        given = tuple(known) + (Constant(None),) * (5 - len(known))
+        if _jit._parallel or not (
+                contiguous(given[0], x_shape, dtype) and
+                contiguous(given[1], skip_shape, dtype) and
+                constant(given[2], scale) and constant(given[3], beta) and
+                constant(given[4], bias) and planned(out, x_shape, dtype)):
+            return None
+        return _jit.direct(_skip_layer_norm.serial, (
+            Input(0), Input(1), bias_row, has_bias, scale, beta_row, has_beta, eps, Output(),
+            Output(index=1) if keep_sum else Output(), keep_sum), known, out)
+    skip_layer_normalization_at.direct = direct
     return skip_layer_normalization_at
 
 

@@ -76,9 +76,13 @@ class Input:
 
 @dataclass(frozen=True)
 class Output:
-    """In :attr:`Direct.arguments`: the step's output buffer, reshaped to ``shape`` if given."""
+    """In :attr:`Direct.arguments`: the step's output buffer, reshaped to ``shape`` if given.
+    ``index`` 1 and on: another output of the node, of the first one's planned shape and dtype
+    (SkipLayerNormalization's sum): a new array, only for a step without a planned buffer
+    whose node names that output with that shape and dtype; else the plan keeps the call."""
 
     shape: tuple[int, ...] | None = None
+    index: int = 0
 
 
 @dataclass(frozen=True)
