@@ -482,6 +482,25 @@ def test_parameterized_activations_and_constant_powers_join_chains():
         "Pow", "Relu", "Sigmoid"]
 
 
+def test_a_lone_float32_mul_is_fused_for_its_buffer_a_lone_add_is_not():
+    """A squeeze-and-excitation scale (channels' weights broadcast over the planes) becomes a
+    FusedElementwise node of its own in float32, for its planned buffer; a lone Add, and a
+    float64 Mul, stay as they are. Values equal the unfused graph's (``_check``)."""
+    from onemodel.runtime.passes.fusion import ElementwiseFusion
+
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, ("batch", 4, 5, 5))
+    s = b.input("s", DType.F32, ("batch", 4, 1, 1))
+    b.output(b.op("Mul", x, s), "scaled")
+    b.output(b.op("Add", x, x), "added")
+    d = b.input("d", DType.F64, ("batch", 4))
+    b.output(b.op("Mul", d, d), "squared64")
+    g, _ = _check(b.build(), [ElementwiseFusion()])
+    assert [n.attrs["program"] for n in g.nodes if n.op == "FusedElementwise"] == [
+        ["Mul x0 x1"]]
+    assert sorted(n.op for n in g.nodes if n.op in ("Add", "Mul")) == ["Add", "Mul"]
+
+
 def test_a_producer_read_only_by_the_chain_joins_it():
     """Gelu written out after a bias Add: x = MatMul + b feeds both the Div and the last Mul, so
     the chain is a DAG over x; the Add is absorbed. A producer also read elsewhere, or of a

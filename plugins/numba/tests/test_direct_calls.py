@@ -73,6 +73,11 @@ CASES = {
     "SkipLayerNormalization of a broadcast skip, no bias": (
         norm.skip_layer_normalization, [_x(2, 5, 32), _x(5, 32), _w(32), _w(32)], {},
         "skip_layer_normalization_at"),
+    "RMSNormalization": (norm.rms_normalization, [_x(2, 5, 32), _w(32)], {},
+                         "rms_normalization_at"),
+    "LayerNormalization over the channels": (
+        norm.channel_layer_normalization, [_x(2, 16, 4, 4), _w(16), _w(16)], {},
+        "channel_layer_normalization_at"),
     "small convolution": (
         conv.fused_conv, [_x(2, 5, 5, 5), _w(6, 5, 3, 3), _w(6)],
         dict(pads=(1, 1, 1, 1), activation="Tanh"), "conv_small_at"),
@@ -189,7 +194,9 @@ def test_nothing_is_offered_without_every_proof(name):
                                   if c[3] in ("depthwise_at", "pool_at", "residual_at",
                                               "fused_matmul_at", "fused2", "fused",
                                               "fused_as_shaped", "layer_normalization_at",
-                                              "skip_layer_normalization_at")])
+                                              "skip_layer_normalization_at",
+                                              "rms_normalization_at",
+                                              "channel_layer_normalization_at")])
 def test_calls_that_run_in_parallel_offer_nothing_on_two_threads(name, parallel_variants):
     call, _inputs, known, out = _planned_call(name)
     assert call.direct(known, out) is None

@@ -640,6 +640,18 @@ def _channel_layer_normalization_at(site: CallSite):
         else:
             (bound[0] or _jit.bind(bound, _layer_norm_channels.serial, args))(*args)
         return out
+
+    def direct(known, out):  # the serial kernel on the plan's rows
+        sync_threads()
+        if _jit._parallel or not (
+                contiguous(known[0], shape, dtype) and constant(known[1], s_const) and
+                (constant(known[2], b_const) if has_bias else
+                 len(known) < 3 or constant(known[2], None)) and
+                planned(out, shape, dtype)):
+            return None
+        return _jit.direct(_layer_norm_channels.serial,
+                           (Input(0), s_row, b_row, has_bias, eps, Output(), False), known, out)
+    channel_layer_normalization_at.direct = direct
     return channel_layer_normalization_at
 
 
@@ -683,6 +695,17 @@ def _rms_normalization_at(site: CallSite):
             args = (X, sc, sc, False, eps, True, out, False, _NO_STATS, _NO_STATS)
             (bound[0] or _jit.bind(bound, _layer_norm.serial, args))(*args)
         return out
+
+    def direct(known, out):  # the serial kernel on the plan's row
+        sync_threads()
+        if _jit._parallel or s_row is None or not (
+                contiguous(known[0], shape, dtype) and constant(known[1], s_const) and
+                planned(out, shape, dtype)):
+            return None
+        return _jit.direct(_layer_norm.serial, (Input(0), s_row, s_row, False, eps, True,
+                                                Output(), False, _NO_STATS, _NO_STATS),
+                           known, out)
+    rms_normalization_at.direct = direct
     return rms_normalization_at
 
 

@@ -30,14 +30,18 @@ class ElementwiseFusion(Pass):
                "Erf, Exp, Neg, Abs, Sqrt, HardSigmoid, HardSwish, LeakyRelu, Clip with constant "
                "bounds, Pow with a constant exponent) whose intermediate results have one reader "
                "and the chain's shape (with the producers of its inputs that only the chain "
-               "reads), and each lone op of ``alone``, with one FusedElementwise node")
+               "reads), and each lone op of ``alone`` (a float32 Mul among them), with one "
+               "FusedElementwise node")
     # ops worth a FusedElementwise node of their own, for these dtypes: their reference kernels
     # make several passes over memory and temporaries (np.clip, np.where), one generated loop
     # makes one (Sigmoid: float32 only, whose exp the fused kernels vectorize; libm's float64
-    # exp per element loses to numpy's)
+    # exp per element loses to numpy's). A float32 Mul (a squeeze-and-excitation scale, the
+    # channels' weights broadcast over the planes) for its planned buffer, where numpy's makes
+    # a new array at each run: EfficientNet-B0 1.21x -> 1.14x onnxruntime. (A lone Add, as in
+    # BERT's embeddings on 2x5x32 values, lost: 0.83x -> 0.87x; it stays an Add.)
     alone: dict[str, tuple[DType, ...]] = {"HardSwish": _FLOATS, "HardSigmoid": _FLOATS,
                                            "LeakyRelu": _FLOATS, "Sigmoid": (DType.F32,),
-                                           "Clip": _FLOATS}
+                                           "Clip": _FLOATS, "Mul": (DType.F32,)}
 
     def run(self, graph: Graph) -> PassResult:
         uses = Uses(graph)
