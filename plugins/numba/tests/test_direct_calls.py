@@ -78,6 +78,15 @@ CASES = {
     "LayerNormalization over the channels": (
         norm.channel_layer_normalization, [_x(2, 16, 4, 4), _w(16), _w(16)], {},
         "channel_layer_normalization_at"),
+    "a stem on convolution rows": (
+        conv.fused_conv, [_x(2, 3, 32, 32), _w(16, 3, 3, 3), _w(16)],
+        dict(pads=(1, 1, 1, 1), strides=(2, 2), activation="Relu"), "conv_at"),
+    "a convolution on register tiles": (
+        conv.fused_conv, [_x(2, 16, 17, 17), _w(32, 16, 3, 3), _w(32)],
+        dict(pads=(1, 1, 1, 1), activation="Relu"), "conv_at"),
+    "a 1x1 convolution by one matmul": (
+        conv.fused_conv, [_x(2, 64, 16, 16), _w(30, 64, 1, 1), _w(30)],
+        dict(activation="Relu"), "direct_at"),
     "small convolution": (
         conv.fused_conv, [_x(2, 5, 5, 5), _w(6, 5, 3, 3), _w(6)],
         dict(pads=(1, 1, 1, 1), activation="Tanh"), "conv_small_at"),
@@ -195,7 +204,7 @@ def test_nothing_is_offered_without_every_proof(name):
                                               "fused_matmul_at", "fused2", "fused",
                                               "fused_as_shaped", "layer_normalization_at",
                                               "skip_layer_normalization_at",
-                                              "rms_normalization_at",
+                                              "rms_normalization_at", "direct_at",
                                               "channel_layer_normalization_at")])
 def test_calls_that_run_in_parallel_offer_nothing_on_two_threads(name, parallel_variants):
     call, _inputs, known, out = _planned_call(name)

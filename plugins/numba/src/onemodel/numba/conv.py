@@ -29,6 +29,7 @@ from onemodel.tensors.ops.nn import _convt_geometry, _geometry
 from onemodel.tensors.ops.specialize import (
     CallSite,
     Constant,
+    Direct,
     Input,
     Output,
     constant,
@@ -1938,6 +1939,12 @@ class PreparedCall:
         """The convolution of C-contiguous ``X`` into C-contiguous ``y``."""
         raise NotImplementedError
 
+    def direct(self, bias, has_bias, act, plan) -> tuple | None:
+        """``(kernel, arguments)`` where :meth:`run` is one call of a numba kernel, its X and y
+        the ``Input(0)`` and ``Output()`` markers (a compiled plan's direct call); None where
+        it is more than that."""
+        return None
+
 
 def bound_call(slot: list, kernel, args, y):
     """``kernel(*args)`` (its output ``y``, the last argument) by the machine code bound in
@@ -2070,6 +2077,16 @@ def _conv_site(site: CallSite, act: int, residual=None):
         if not X.flags.c_contiguous:
             X = np.ascontiguousarray(X)
         return _run(X, wk, bias, has_bias, act, group, plan, out, prepared)
+
+    def direct(known, out):  # a prepared path's one kernel, on the plan's weights and bias
+        got = w_prepared.direct(b_ready, has_bias, act, plan) \
+            if isinstance(w_prepared, PreparedCall) and not one_d else None
+        if got is None or (has_bias and b_const is _UNSET) or not (
+                planned(known[0], xshape, dtype) and constant(known[1], w_const) and
+                _bias_known(known, has_bias, b_const) and planned(out, yshape, dtype)):
+            return None
+        return _jit.direct(*got, known, out)
+    conv_at.direct = direct
     if not one_d and w_ready is not None and plan[0] <= _DW and (
             plan[0] != _DW_NHWC or w_prepared is not None):
         return _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const,
@@ -2129,6 +2146,19 @@ def _direct_site(xshape, yshape, dtype, w_const, w_ready, b_const, b_ready, has_
                 (bound[0] or _jit.bind(bound, _epilogue.serial, (y3, b_ready, has_bias, act)))(
                     y3, b_ready, has_bias, act)
         return y
+
+    def direct(known, out):  # np.matmul into the buffer, then the epilogue's kernel
+        sync_threads()
+        if _jit._parallel or (has_bias and b_const is _UNSET) or not (
+                planned(known[0], xshape, dtype) and constant(known[1], w_const) and
+                _bias_known(known, has_bias, b_const) and planned(out, yshape, dtype)):
+            return None
+        product = Direct(np.matmul, (w2, Input(0, (n, c, length)), Output((n, m, length))))
+        if not finish:
+            return product
+        return product, _jit.direct(_epilogue.serial, (Output((n, m, length)), b_ready,
+                                                       has_bias, act), known, out)
+    direct_at.direct = direct
     return direct_at
 
 

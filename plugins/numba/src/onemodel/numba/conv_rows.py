@@ -23,6 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
+# _rows compiles conv._activate_in_place into its own machine code; numba would keep that
+# code cached after a change to conv.py alone, so the package's cache is dropped whenever
+# any of its sources change (_cache.py)
+from onemodel.tensors.ops.specialize import Input, Output
+
 from ._jit import jit
 from ._simd import (
     clamp16,
@@ -36,10 +41,6 @@ from ._simd import (
     store16,
     store16_masked,
 )
-
-# _rows compiles conv._activate_in_place into its own machine code; numba would keep that
-# code cached after a change to conv.py alone, so the package's cache is dropped whenever
-# any of its sources change (_cache.py)
 from .conv import PreparedCall, U, _activate_in_place, _clamp_bounds, bound_call
 
 MAX_INPUTS = 4  # input channels: a stem's image (the tiles take convolutions of more)
@@ -261,3 +262,8 @@ class ConvRows(PreparedCall):
         args = (X, self.wp, bias, has_bias, act, s[0], s[1], pb[0], pb[1], self.kh, self.kw,
                 self.hp, self.wph, y)
         return bound_call(self.bound, _rows, args, y)
+
+    def direct(self, bias, has_bias, act, plan):
+        s, pb = plan[2], plan[3]
+        return _rows, (Input(0), self.wp, bias, has_bias, act, s[0], s[1], pb[0], pb[1],
+                       self.kh, self.kw, self.hp, self.wph, Output())

@@ -23,6 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
+# _tiles compiles conv._activate_in_place into its own machine code; numba would keep that
+# code cached after a change to conv.py alone, so the package's cache is dropped whenever
+# any of its sources change (_cache.py)
+from onemodel.tensors.ops.specialize import Input, Output
+
 from ._jit import jit
 from ._prefetch import prefetch
 from ._simd import (
@@ -38,10 +43,6 @@ from ._simd import (
     store16,
     transpose8x8,
 )
-
-# _tiles compiles conv._activate_in_place into its own machine code; numba would keep that
-# code cached after a change to conv.py alone, so the package's cache is dropped whenever
-# any of its sources change (_cache.py)
 from .conv import PreparedCall, U, _activate_in_place, bound_call
 
 BLOCK = 32  # output channels per tile: four vectors of eight
@@ -710,3 +711,8 @@ class Tiled(PreparedCall):
         args = (X, self.wp, self.xoff, self.pix_in, bias, has_bias, act, pb[0], pb[1], self.hp,
                 self.wq, y)
         return bound_call(self.bound, self.kernel, args, y)
+
+    def direct(self, bias, has_bias, act, plan):
+        pb = plan[3]
+        return self.kernel, (Input(0), self.wp, self.xoff, self.pix_in, bias, has_bias, act,
+                             pb[0], pb[1], self.hp, self.wq, Output())
