@@ -136,17 +136,19 @@ def test_register_tiles_agree_with_onnxruntime(monkeypatch, model, inputs, stem)
     except ImportError:  # the core without the plugin: the reference kernels
         tiled = None
     else:
-        real, real_rows = tiled.Tiled.run, conv_rows.ConvRows.run
+        # the weights laid out for either kernel at plan time: every call of that convolution
+        # then runs it (by ``run``, or from the compiled plan directly)
+        real, real_rows = tiled.Tiled.__init__, conv_rows.ConvRows.__init__
 
-        def spy(self, X, *args):
-            taken.append(X.shape)
-            return real(self, X, *args)
+        def spy(self, w, plan, xshape):
+            taken.append(tuple(xshape))
+            real(self, w, plan, xshape)
 
-        def spy_rows(self, X, *args):
-            rows.append(X.shape)
-            return real_rows(self, X, *args)
-        monkeypatch.setattr(tiled.Tiled, "run", spy)
-        monkeypatch.setattr(conv_rows.ConvRows, "run", spy_rows)
+        def spy_rows(self, w, plan, xshape):
+            rows.append(tuple(xshape))
+            real_rows(self, w, plan, xshape)
+        monkeypatch.setattr(tiled.Tiled, "__init__", spy)
+        monkeypatch.setattr(conv_rows.ConvRows, "__init__", spy_rows)
     _agrees_with_onnxruntime(model, (2, 3, 64, 64), seed=7)
     if tiled is not None and tiled.host_has_fma():
         assert inputs <= set(taken), sorted(set(taken))
@@ -277,24 +279,24 @@ def test_mobilenet_v3_small_head_on_panels_and_stem_on_rows_or_sixteen_channel_t
     except ImportError:  # the core without the plugin: the reference kernels
         tiled = None
     else:
-        real_panels, real_run = gemm._panel_product, tiled.Tiled.run
-        real_rows = conv_rows.ConvRows.run
+        real_panels, real_tiles = gemm._panel_product, tiled.Tiled.__init__
+        real_rows = conv_rows.ConvRows.__init__
 
         def panel_product(b, *args, **kwargs):
             panels.append(b.shape)
             return real_panels(b, *args, **kwargs)
 
-        def run(self, X, *args):
+        def tiles(self, w, plan, xshape):  # (laid out for the kernel: every call runs it)
+            real_tiles(self, w, plan, xshape)
             if self.kernel is tiled._tiles16:
-                stems.append(("tiles", X.shape))
-            return real_run(self, X, *args)
+                stems.append(("tiles", tuple(xshape)))
 
-        def rows(self, X, *args):
-            stems.append(("rows", X.shape))
-            return real_rows(self, X, *args)
+        def rows(self, w, plan, xshape):
+            stems.append(("rows", tuple(xshape)))
+            real_rows(self, w, plan, xshape)
         monkeypatch.setattr(gemm, "_panel_product", panel_product)
-        monkeypatch.setattr(tiled.Tiled, "run", run)
-        monkeypatch.setattr(conv_rows.ConvRows, "run", rows)
+        monkeypatch.setattr(tiled.Tiled, "__init__", tiles)
+        monkeypatch.setattr(conv_rows.ConvRows, "__init__", rows)
     _agrees_with_onnxruntime("tv_mobilenet_v3_small", (2, 3, 64, 64), seed=10)
     if tiled is not None and tiled.host_has_fma():
         assert (576, 1024) in panels, panels
