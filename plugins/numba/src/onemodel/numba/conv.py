@@ -33,6 +33,7 @@ from onemodel.tensors.ops.specialize import (
     Input,
     Output,
     constant,
+    constant_at,
     is_frozen,
     planned,
     specializer,
@@ -1946,6 +1947,16 @@ class PreparedCall:
         return None
 
 
+def _proven(known: tuple, out, xshape, yshape, dtype, w_const, bias) -> bool:
+    """Whether a compiled plan proves what a planned convolution's call checks (``direct``):
+    X a planned buffer of ``xshape``, the plan's own weights ``w_const`` and ``bias`` (None:
+    omitted; ``_UNSET``, a constant the call does not take as it is, is never proven), an
+    output buffer of ``yshape``."""
+    return len(known) >= 2 and planned(known[0], xshape, dtype) and \
+        constant(known[1], w_const) and constant_at(known, 2, bias) and \
+        planned(out, yshape, dtype)
+
+
 def bound_call(slot: list, kernel, args, y):
     """``kernel(*args)`` (its output ``y``, the last argument) by the machine code bound in
     ``slot`` at the first call: every call's arrays have the first's dtype, rank and layout
@@ -2081,9 +2092,8 @@ def _conv_site(site: CallSite, act: int, residual=None):
     def direct(known, out):  # a prepared path's one kernel, on the plan's weights and bias
         got = w_prepared.direct(b_ready, has_bias, act, plan) \
             if isinstance(w_prepared, PreparedCall) and not one_d else None
-        if got is None or (has_bias and b_const is _UNSET) or not (
-                planned(known[0], xshape, dtype) and constant(known[1], w_const) and
-                _bias_known(known, has_bias, b_const) and planned(out, yshape, dtype)):
+        if got is None or not _proven(known, out, xshape, yshape, dtype, w_const,
+                                      b_const if has_bias else None):
             return None
         return _jit.direct(*got, known, out)
     conv_at.direct = direct
@@ -2149,9 +2159,8 @@ def _direct_site(xshape, yshape, dtype, w_const, w_ready, b_const, b_ready, has_
 
     def direct(known, out):  # np.matmul into the buffer, then the epilogue's kernel
         sync_threads()
-        if _jit._parallel or (has_bias and b_const is _UNSET) or not (
-                planned(known[0], xshape, dtype) and constant(known[1], w_const) and
-                _bias_known(known, has_bias, b_const) and planned(out, yshape, dtype)):
+        if _jit._parallel or not _proven(known, out, xshape, yshape, dtype, w_const,
+                                         b_const if has_bias else None):
             return None
         product = Direct(np.matmul, (w2, Input(0, (n, c, length)), Output((n, m, length))))
         if not finish:
@@ -2225,14 +2234,6 @@ def _without_dead_taps(site: CallSite, plan, w_const, act: int):
     return trimmed_at
 
 
-def _bias_known(known: tuple, has_bias: bool, b_const) -> bool:
-    """Whether a compiled plan proves a convolution's bias input is what its planned call
-    takes unchecked: ``b_const`` itself, or omitted."""
-    if has_bias:
-        return len(known) > 2 and constant(known[2], b_const)
-    return len(known) < 3 or constant(known[2], None)
-
-
 def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, b_ready,
                     has_bias, act, group, conv_at):
     """The planned call of a depthwise convolution with constant weights: the kernel and its
@@ -2294,9 +2295,8 @@ def _depthwise_site(plan, xshape, dtype, w_const, w_ready, w_prepared, b_const, 
 
     def direct(known, out):  # the serial kernel, where the plan proves what the call checks
         sync_threads()
-        if checked or _jit._parallel or not (
-                planned(known[0], xshape, dtype) and constant(known[1], w_const) and
-                _bias_known(known, has_bias, b_const) and planned(out, yshape, dtype)):
+        if checked or _jit._parallel or not _proven(known, out, xshape, yshape, dtype,
+                                                     w_const, b_const if has_bias else None):
             return None
         return _jit.direct(serial, (Input(0), *args, Output()), known, out)
     depthwise_at.direct = direct
@@ -2337,8 +2337,8 @@ def _pointwise_site(plan, xshape, yshape, w_const, w_ready, b_const, has_bias, a
         return y
 
     def direct(known, out):  # the kernel, where the plan proves what the call checks
-        if not (planned(known[0], xshape, dtype) and constant(known[1], w_const) and
-                _bias_known(known, has_bias, b_const) and planned(out, yshape, dtype)):
+        if not _proven(known, out, xshape, yshape, dtype, w_const,
+                       b_const if has_bias else None):
             return None
         return _jit.direct(kernel, (Input(0), *args, Output(), *wide), known, out)
     pointwise_at.direct = direct
@@ -2366,10 +2366,8 @@ def _pointwise_residual_site(kernel, args, wide, xshape, yshape, w_const, b_cons
         return y
 
     def direct(known, out):  # the kernel, where the plan proves what the call checks
-        if len(known) < 4 or not (
-                planned(known[0], xshape, dtype) and constant(known[1], w_const) and
-                _bias_known(known, has_bias, b_const) and planned(known[3], yshape, dtype) and
-                planned(out, yshape, dtype)):
+        if len(known) < 4 or not planned(known[3], yshape, dtype) or not _proven(
+                known, out, xshape, yshape, dtype, w_const, b_const if has_bias else None):
             return None
         return _jit.direct(kernel, (Input(0), *args, Input(3), Output(), *wide), known, out)
     pointwise_residual_at.direct = direct
@@ -2421,9 +2419,8 @@ def _small_site(site, xshape, wshape, bshape, yshape, dtype, w_const, b_const, t
         return y
 
     def direct(known, out):  # the kernel, where the plan proves what the call checks
-        if w_const is _UNSET or (has_bias and b_const is _UNSET) or not (
-                planned(known[0], xshape, dtype) and constant(known[1], w_const) and
-                _bias_known(known, has_bias, b_const) and planned(out, yshape, dtype)):
+        if not _proven(known, out, xshape, yshape, dtype, w_const,
+                       b_const if has_bias else None):
             return None
         if w_cols is not None:
             return _jit.direct(_small_conv_by_channels, (Input(0), w_cols, b_ready, table,

@@ -21,6 +21,7 @@ from onemodel.tensors.ops.specialize import (
     Input,
     Output,
     constant,
+    constant_at,
     planned,
     specialize,
     specializer,
@@ -252,7 +253,7 @@ def _whole_on_panels(b, trans_b, a_shape, out_shape, c_const, act, generic):
         return panel(A, B, out=out)
 
     def direct(known, out):  # the panels' own, with the plan's bias (or none)
-        if not (constant(known[2], c_const) if len(known) > 2 else c_const is None):
+        if not constant_at(known, 2, c_const):
             return None
         return panel.direct(known[:2], out)
     fused_gemm_at.direct = direct
@@ -440,7 +441,7 @@ def _fused_matmul_at(site: CallSite):
             return panel(A, B, out=out)
 
         def direct(known, out):  # the panels' own, with the plan's bias
-            if len(known) != 3 or not constant(known[2], c_const):
+            if not constant_at(known, 2, c_const):
                 return None
             return panel.direct(known[:2], out)
         biased_matmul_at.direct = direct
@@ -469,9 +470,8 @@ def _fused_matmul_at(site: CallSite):
     def direct(known, out):  # the product's kernels, then the epilogue's, with the plan's bias
         offer = getattr(product, "direct", None)
         sync_threads()
-        if offer is None or c_const is None or _jit._parallel or len(known) < 2 or not (
-                constant(known[2], c_const) if has_bias else
-                len(known) < 3 or constant(known[2], None)) or \
+        if offer is None or c_const is None or _jit._parallel or len(known) < 2 or \
+                not constant_at(known, 2, c_const if has_bias else None) or \
                 not planned(out, out_shape, dtype):
             return None
         first = offer(known[:2], out)

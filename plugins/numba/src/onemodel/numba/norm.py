@@ -13,10 +13,10 @@ from numba import prange
 from onemodel.tensors.errors import ShapeError
 from onemodel.tensors.ops.specialize import (
     CallSite,
-    Constant,
     Input,
     Output,
     constant,
+    constant_at,
     contiguous,
     planned,
     specializer,
@@ -595,8 +595,7 @@ def _layer_normalization_at(site: CallSite):
         sync_threads()
         if keep_stats or _jit._parallel or s_row is None or (has_bias and b_row is None) or \
                 not (planned(known[0], shape, dtype) and constant(known[1], s_const) and
-                     (constant(known[2], b_const) if has_bias else
-                      len(known) < 3 or constant(known[2], None)) and
+                     constant_at(known, 2, b_const if has_bias else None) and
                      planned(out, shape, dtype)):
             return None
         return _jit.direct(_layer_norm.serial, (Input(0), s_row, b_row if has_bias else s_row,
@@ -645,8 +644,7 @@ def _channel_layer_normalization_at(site: CallSite):
         sync_threads()
         if _jit._parallel or not (
                 contiguous(known[0], shape, dtype) and constant(known[1], s_const) and
-                (constant(known[2], b_const) if has_bias else
-                 len(known) < 3 or constant(known[2], None)) and
+                constant_at(known, 2, b_const if has_bias else None) and
                 planned(out, shape, dtype)):
             return None
         return _jit.direct(_layer_norm_channels.serial,
@@ -761,12 +759,11 @@ def _skip_layer_normalization_at(site: CallSite):
 
     def direct(known, out):  # the serial kernel; the sum into the second output, if named
         sync_threads()
-        given = tuple(known) + (Constant(None),) * (5 - len(known))
-        if _jit._parallel or not (
-                contiguous(given[0], x_shape, dtype) and
-                contiguous(given[1], skip_shape, dtype) and
-                constant(given[2], scale) and constant(given[3], beta) and
-                constant(given[4], bias) and planned(out, x_shape, dtype)):
+        if _jit._parallel or len(known) < 3 or not (
+                contiguous(known[0], x_shape, dtype) and
+                contiguous(known[1], skip_shape, dtype) and constant_at(known, 2, scale) and
+                constant_at(known, 3, beta) and constant_at(known, 4, bias) and
+                planned(out, x_shape, dtype)):
             return None
         return _jit.direct(_skip_layer_norm.serial, (
             Input(0), Input(1), bias_row, has_bias, scale, beta_row, has_beta, eps, Output(),

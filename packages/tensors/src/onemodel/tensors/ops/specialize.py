@@ -106,12 +106,20 @@ def constant(fact, value) -> bool:
     return type(fact) is Constant and fact.value is value
 
 
+def constant_at(known: tuple, index: int, value) -> bool:
+    """Whether input ``index`` is ``value`` itself at every run, where ``value`` None means
+    an omitted input (given as None, or past the node's last input)."""
+    if index >= len(known):
+        return value is None
+    return constant(known[index], value)
+
+
 def contiguous(fact, shape: tuple[int, ...], dtype) -> bool:
     """Whether ``fact`` proves a C-contiguous, aligned array of ``shape`` and ``dtype`` at
     every run: a planned buffer, or a constant nothing can change in place (:func:`is_frozen`)
     laid out so."""
     if type(fact) is Planned:
-        return fact.shape == tuple(shape) and fact.dtype == dtype
+        return planned(fact, shape, dtype)
     value = fact.value if type(fact) is Constant else None
     return isinstance(value, np.ndarray) and value.shape == tuple(shape) and \
         value.dtype == dtype and value.flags.c_contiguous and value.flags.aligned and \
